@@ -1,0 +1,110 @@
+// DynamicOffloadConfig: every knob of ddo, with the defaults of the spec (ddo-spec.md §3).
+//
+// A plain struct: code fills it, `DynamicOffloadSettings::from_env` (settings.h) resolves presets
+// and `DDO_*` environment variables into it. Units are in the names (GiB = 1024^3 bytes).
+//
+//   ddo::core::DynamicOffloadConfig config;          // built-in defaults
+//   config.execution_mode = ddo::core::ExecutionMode::kLinearRuntime;
+//   config.resident_module_budget_gb = 4.0;          // manual budget: wins over profiles
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddo::core {
+
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+inline constexpr double kMiB = 1024.0 * 1024.0;
+inline constexpr double kKiB = 1024.0;
+
+// How weights reach the execution device (spec §2).
+enum class ExecutionMode {
+  kPlan,           // build and report the plan; move nothing
+  kLinearRuntime,  // "dynamic CUDA linear": stream dense Linear / Embedding / Conv weights
+  kSdnqRuntime,    // stream SDNQ packed tensors; dense fallback Linears stay resident
+};
+
+// The classic routes, kept as baselines (presets diffusers_*_compat), and the dynamic route.
+enum class Route {
+  kDynamic,      // ddo's dynamic offload (the default)
+  kGroupBlock,   // classic block-group streaming: one block per group, one-group prefetch
+  kGroupLeaf,    // classic leaf streaming: one leaf module per group, one-group prefetch
+  kDeviceMove,   // move the whole component to the execution device once
+  kNone,         // leave the component where the host put it
+};
+
+enum class AutoBudgetPolicy { kOff, kBalanced };
+
+// Order in which candidates are taken for a budget (resident modules, pinned weights).
+enum class Selection { kFirst, kSpread, kLargest };
+
+struct DynamicOffloadConfig {
+  // Devices. "cuda:N" for a GPU; "sim" / "sim:N" for the host-simulation device; "cpu" is valid
+  // only for plan mode (calibration on cpu is an error, as the seed says).
+  std::string execution_device = "cuda:0";
+  std::string offload_device = "cpu";
+
+  // Module selection. Regexes, searched (not fully matched) in dotted module names.
+  std::vector<std::string> skip_modules_pattern;
+  std::vector<std::string> always_resident_modules_pattern = {
+      R"((^|\.)(proj_in|time_embed|prompt_adaln|norm_out|proj_out)(\.|$))"};
+  std::int64_t small_tensor_threshold_bytes = 16 * 1024;
+
+  ExecutionMode execution_mode = ExecutionMode::kPlan;
+  Route route = Route::kDynamic;
+
+  // Pinned host memory.
+  bool pin_cpu_memory = false;
+  bool allow_pin_memory_fallback = true;  // false: a pinning failure is an error
+  int pin_cpu_workers = 1;                // >= 1
+  bool cache_plan = true;
+  bool cache_pinned_weights = false;
+  std::string pinned_weight_cache_namespace;
+
+  // Budgets.
+  AutoBudgetPolicy auto_budget_policy = AutoBudgetPolicy::kOff;
+  double max_resident_module_budget_gb = 6.0;  // 0 = uncapped
+  double auto_vram_headroom_gb = 0.0;          // 0 = built-in table
+  double profile_vram_headroom_gb = 1.0;       // finite, >= 0
+  double max_pin_weight_budget_gb = 0.0;       // 0 = none
+  std::optional<double> available_system_ram_gb;  // unset = detected
+  double system_ram_headroom_gb = 6.0;
+  double pin_weight_budget_gb = 0.0;
+  double pin_weight_budget_ratio = 0.0;  // clamped to [0, 1]
+  Selection pin_weight_selection = Selection::kSpread;
+  Selection resident_module_selection = Selection::kSpread;
+  double resident_module_budget_gb = 0.0;  // manual budget; positive wins over profiles and auto
+  std::vector<std::string> resident_module_patterns;  // "auto" infers the repeated block list
+
+  // Named workload profiles (code only).
+  std::string profile_name;
+  bool build_profile = false;
+
+  // Loading.
+  std::string load_safetensors_backend;  // "", "mmap", "pread"
+
+  // Reporting.
+  bool verbose = false;
+  bool show_profile = true;
+
+  // Platform facts acting below the preset.
+  bool disable_pin_on_wsl = true;  // DDO_DISABLE_PIN_ON_WSL
+  bool use_side_streams = true;    // false: copies on the compute stream (wsl_compat)
+
+  // Engine knobs (new in ddo; DDO_ variables in the same style).
+  double staging_mb = 0.0;            // DDO_STAGING_MB: fixed staging area; 0 = from the plan
+  double prefetch_window_mb = 0.0;    // DDO_PREFETCH_WINDOW_MB: bytes in flight ahead; 0 = auto
+  double vram_cap_gb = 0.0;           // DDO_VRAM_CAP_GB: emulate a smaller card; 0 = off
+  double sim_device_capacity_gb = 0.0;  // DDO_SIM_DEVICE_GB: capacity of the "sim" device; 0 = 8
+  double sim_copy_gbps = 0.0;         // DDO_SIM_COPY_GBPS: simulated link speed; 0 = unthrottled
+  double sim_pinnable_gb = -1.0;      // DDO_SIM_PINNABLE_GB: pinning fails above this; < 0 = no limit
+};
+
+const char* to_string(ExecutionMode mode);
+const char* to_string(Route route);
+const char* to_string(AutoBudgetPolicy policy);
+const char* to_string(Selection selection);
+
+}  // namespace ddo::core

@@ -1,0 +1,86 @@
+// CopyScheduler: streams weights from host slabs into a fixed device staging area just in time.
+//
+// Each streamed weight is a unit (an id from add()). On the hot path the adapter calls
+// acquire(id) right before the op that reads the weight and release(id) right after issuing it:
+//
+//   int id = scheduler.add(host_ptr, bytes, pinned);     // setup
+//   scheduler.finalize();                                 // allocates staging once
+//   void* w = scheduler.acquire(id, stream);              // device copy; `stream` waits for it
+//   launch_op(w, stream);
+//   scheduler.release(id, stream);                        // region reusable after the op
+//
+// The first pass records the order of acquires (the trace). Later passes prefetch ahead along
+// the trace by a byte window, on the copy stream, into a ring over the staging area; the copy
+// stream waits on the release event of a region before overwriting it, so neither side blocks
+// the host in the steady state. Resident modules never appear in the trace, so prefetch runs
+// past them. An acquire that does not match the trace is served correctly (an on-demand copy),
+// counted, and after repeated misses the trace is learned again. See Note [Staging ring].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ddo/core/status.h"
+#include "ddo/engine/device.h"
+
+namespace ddo::engine {
+
+struct SchedulerOptions {
+  // Staging area size; 0 = window + 2 x the largest unit.
+  std::size_t staging_bytes = 0;
+  // Bytes prefetched ahead of the op that runs; 0 = 512 MiB (capped by staging).
+  std::size_t window_bytes = 0;
+  // false: copies are issued on the compute stream (no side stream, e.g. under WSL).
+  bool use_side_stream = true;
+  // Time copies with events (device time); costs two event records per copy.
+  bool time_copies = true;
+};
+
+struct SchedulerStats {
+  std::int64_t acquires = 0;
+  std::int64_t bytes_copied = 0;
+  std::int64_t prefetch_hits = 0;    // acquired units that were already in flight or landed
+  std::int64_t on_demand = 0;        // acquired units copied only when asked
+  std::int64_t order_misses = 0;     // acquires that did not match the trace
+  std::int64_t relearns = 0;         // times the trace was learned again
+  double copy_ms = 0.0;              // device time spent copying (timing events)
+  double wait_ms = 0.0;              // host-observed time the compute side waited for copies
+  std::int64_t staging_bytes = 0;
+  std::int64_t peak_in_flight_bytes = 0;
+  std::size_t trace_length = 0;
+};
+
+class CopyScheduler {
+ public:
+  CopyScheduler(Device& device, const SchedulerOptions& options);
+  ~CopyScheduler();
+  CopyScheduler(const CopyScheduler&) = delete;
+  CopyScheduler& operator=(const CopyScheduler&) = delete;
+
+  // Setup. Registers a unit living at `host_ptr`; returns its id (0, 1, ...).
+  int add(const void* host_ptr, std::size_t bytes, bool pinned);
+  // Allocates the staging area (device memory) once. Fails with kResourceExhausted when the
+  // device cannot hold it, naming the size.
+  Status finalize();
+
+  // Hot path. Returns the device address holding unit `id`; work issued on `stream` after this
+  // call sees the data. Valid until release(id, stream).
+  void* acquire(int id, Stream stream);
+  void release(int id, Stream stream);
+
+  // Waits for all copies; drops prefetched data (used at region boundaries and teardown).
+  void drain();
+
+  SchedulerStats stats() const;
+  void reset_stats();
+  std::size_t staging_bytes() const;
+  std::size_t unit_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddo::engine

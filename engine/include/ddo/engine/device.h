@@ -1,0 +1,133 @@
+// Device: the one seam between ddo's engine and a device backend.
+//
+// The copy scheduler, the staging area and the host slabs are written once above this interface.
+// Two backends implement it: CUDA (`make_cuda_device`, backends/cuda_device.cpp; the only file
+// that includes the CUDA runtime) and the host simulation (`make_sim_device`,
+// backends/sim_device.cpp), a capacity-limited host arena standing in for device memory with an
+// asynchronous copy worker standing in for the copy engine, so CI runs the same logic without a GPU.
+//
+//   auto dev = ddo::engine::make_sim_device({.capacity_bytes = 1 << 30});
+//   void* d = nullptr;
+//   DDO_RETURN_IF_ERROR(dev->allocate(bytes, &d));
+//   Stream copy = dev->create_stream();
+//   Event done = dev->create_event();
+//   DDO_RETURN_IF_ERROR(dev->copy_to_device_async(d, host, bytes, copy));
+//   dev->record_event(done, copy);
+//   dev->stream_wait_event(kDefaultStream, done);   // compute waits on the device, not the host
+//
+// Streams and events are opaque handles owned by the device. `kDefaultStream` (null) is the
+// compute stream of the caller: for CUDA the adapter passes the stream LibTorch is using; for the
+// simulation it is the calling thread itself (work on it is synchronous).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ddo/core/status.h"
+
+namespace ddo::engine {
+
+using Stream = void*;  // cudaStream_t for CUDA; a worker queue for the simulation
+using Event = void*;   // cudaEvent_t for CUDA; a completion flag for the simulation
+inline constexpr Stream kDefaultStream = nullptr;
+
+enum class DeviceKind { kCuda, kSim };
+
+// What a backend can do; callers query it instead of checking the kind.
+struct DeviceCaps {
+  DeviceKind kind = DeviceKind::kSim;
+  int index = 0;
+  std::string name;          // "NVIDIA H200", "ddo-sim"
+  bool async_copy = true;    // copies on a side stream overlap compute
+  bool pinned_host = true;   // allocate_host returns memory the copy engine reads at full speed
+  bool host_register = false;  // register_host can pin memory the caller already owns
+  bool timing_events = true;   // elapsed_ms works
+};
+
+// The driver's view of device memory (what nvidia-smi would show), used by calibration.
+struct DeviceMemory {
+  std::int64_t total_bytes = 0;  // the card, or the emulated cap when one is set
+  std::int64_t used_bytes = 0;   // everything in use on the device, by anyone
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceCaps caps() const = 0;
+
+  // --- device memory -------------------------------------------------------------------------
+  // Fails with kResourceExhausted (naming the sizes) when the device or its cap is full.
+  virtual Status allocate(std::size_t bytes, void** out) = 0;
+  virtual void deallocate(void* ptr) = 0;
+
+  // --- host memory the copy engine reads directly (pinned) ------------------------------------
+  // May fail (kResourceExhausted): callers fall back to ordinary memory when allowed.
+  virtual Status allocate_host(std::size_t bytes, void** out) = 0;
+  virtual void deallocate_host(void* ptr) = 0;
+  // Optional (caps().host_register): pin memory the caller already owns, e.g. a loader's buffer.
+  virtual Status register_host(void* ptr, std::size_t bytes) = 0;
+  virtual void unregister_host(void* ptr) = 0;
+
+  // --- streams and events --------------------------------------------------------------------
+  virtual Stream create_stream() = 0;
+  virtual void destroy_stream(Stream stream) = 0;
+  virtual Event create_event(bool timing = false) = 0;
+  virtual void destroy_event(Event event) = 0;
+
+  // Host-to-device copy, ordered on `stream`; returns once issued. The host memory must stay
+  // valid until an event recorded after it completes.
+  virtual Status copy_to_device_async(void* dst, const void* src, std::size_t bytes,
+                                      Stream stream) = 0;
+  // Device-to-host copy, synchronous (used only to restore a model, never on the hot path).
+  virtual Status copy_to_host(void* dst, const void* src, std::size_t bytes) = 0;
+  // Device-to-device copy ordered on `stream` (moving residents between areas).
+  virtual Status copy_on_device_async(void* dst, const void* src, std::size_t bytes,
+                                      Stream stream) = 0;
+
+  virtual void record_event(Event event, Stream stream) = 0;
+  // Work submitted to `stream` after this call starts only once `event` completes. The host
+  // does not wait (for the simulation's default stream, the calling thread is the stream and waits).
+  virtual void stream_wait_event(Stream stream, Event event) = 0;
+  virtual void synchronize_event(Event event) = 0;  // the host waits
+  virtual bool event_done(Event event) = 0;
+  // Milliseconds between two completed timing events (device time, not issue time).
+  virtual float elapsed_ms(Event start, Event end) = 0;
+  virtual void synchronize_stream(Stream stream) = 0;
+
+  // --- memory figures ------------------------------------------------------------------------
+  virtual DeviceMemory memory() = 0;
+};
+
+// Options for the CUDA backend.
+struct CudaDeviceOptions {
+  int index = 0;
+  // Where device memory comes from. The torch adapter routes it through LibTorch's caching
+  // allocator so that allocator statistics and an emulated cap see ddo's own memory; the default
+  // (empty) uses cudaMalloc / cudaFree.
+  std::function<void*(std::size_t)> alloc;
+  std::function<void(void*)> free;
+  std::int64_t cap_bytes = 0;  // emulated VRAM cap reported as total; 0 = the card
+};
+
+// Options for the host-simulation backend.
+struct SimDeviceOptions {
+  int index = 0;
+  std::int64_t capacity_bytes = std::int64_t{8} << 30;  // the simulated card
+  // allocate_host fails once this many bytes are pinned (to test pin fallback); < 0 = no limit.
+  std::int64_t pinnable_bytes = -1;
+  // Throttle copies to this many bytes per second (0 = as fast as memcpy).
+  double copy_bytes_per_second = 0.0;
+};
+
+// Returns nullptr with kUnavailable when ddo was built without CUDA or no GPU is present.
+Status make_cuda_device(const CudaDeviceOptions& options, std::unique_ptr<Device>* out);
+std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options);
+
+// True when a CUDA device can be opened in this process (built with CUDA and a GPU is present).
+bool cuda_available();
+
+}  // namespace ddo::engine

@@ -1,0 +1,74 @@
+// HostSlabs: one copy of every streamed weight, packed into a few exact-size host slabs.
+//
+// Pinned memory is expensive to allocate per tensor and wasteful when rounded to powers of two
+// (see Note [Exact-size slabs] in host_slab.cpp). The planner decides which tensors are pinned;
+// HostSlabs packs the pinned ones into pinned slabs (each at most `max_slab_bytes`, sized to the
+// exact sum of its tensors plus 256-byte alignment) and the rest into ordinary slabs. When pinning
+// fails and `allow_pin_fallback` is set, the failed slab's tensors move to ordinary memory and the
+// fallback is recorded; otherwise create() fails with the sizes that were refused.
+//
+//   HostSlabOptions opts;
+//   opts.max_slab_bytes = 1 << 30;
+//   std::unique_ptr<HostSlabs> slabs;
+//   DDO_RETURN_IF_ERROR(HostSlabs::create(device, {{bytes0, true}, {bytes1, false}}, opts, &slabs));
+//   slabs->fill({src0, src1}, /*workers=*/4);   // parallel memcpy into the slabs
+//   const void* w0 = slabs->tensor_ptr(0);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ddo/core/status.h"
+#include "ddo/engine/device.h"
+
+namespace ddo::engine {
+
+struct SlabTensor {
+  std::size_t bytes = 0;
+  bool want_pinned = false;
+};
+
+struct HostSlabOptions {
+  std::size_t max_slab_bytes = std::size_t{1} << 30;
+  bool allow_pin_fallback = true;
+};
+
+struct HostSlabStats {
+  std::int64_t pinned_bytes = 0;        // tensor bytes placed in pinned slabs
+  std::int64_t pageable_bytes = 0;      // tensor bytes placed in ordinary slabs
+  std::int64_t slab_bytes = 0;          // bytes allocated for slabs (tensors + alignment)
+  std::int64_t pin_fallback_bytes = 0;  // wanted pinned, placed in ordinary memory
+  int pinned_slabs = 0;
+  int pageable_slabs = 0;
+  double alloc_seconds = 0.0;
+  double fill_seconds = 0.0;
+};
+
+class HostSlabs {
+ public:
+  static Status create(Device& device, const std::vector<SlabTensor>& tensors,
+                       const HostSlabOptions& options, std::unique_ptr<HostSlabs>* out);
+  ~HostSlabs();
+  HostSlabs(const HostSlabs&) = delete;
+  HostSlabs& operator=(const HostSlabs&) = delete;
+
+  // Copies sources[i] (tensors[i].bytes each) into the slabs with `workers` threads.
+  void fill(const std::vector<const void*>& sources, int workers);
+
+  void* tensor_ptr(std::size_t i) const;
+  bool tensor_pinned(std::size_t i) const;
+  std::size_t size() const;
+  const HostSlabStats& stats() const;
+
+  // True when `ptr` lies inside one of these slabs (used to recognise managed storage).
+  bool contains(const void* ptr) const;
+
+ private:
+  HostSlabs() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddo::engine
