@@ -1,17 +1,32 @@
 // DynamicOffloadConfig: every knob of ddo, with the defaults of the spec (ddo-spec.md §3).
 //
 // A plain struct: code fills it, `DynamicOffloadSettings::from_env` (settings.h) resolves presets
-// and `DDO_*` environment variables into it. Units are in the names (GiB = 1024^3 bytes).
+// and `DDO_*` environment variables into it. Units are in the names (GiB = 1024^3 bytes). This
+// header also defines the enum spellings users write (`to_string` / `parse_*`), the JSON view of a
+// config, and the per-field override mechanism behind `enable_offload(..., overrides)` and Python
+// keyword arguments: fields are set by their spec name with typed checks.
 //
 //   ddo::core::DynamicOffloadConfig config;          // built-in defaults
 //   config.execution_mode = ddo::core::ExecutionMode::kLinearRuntime;
 //   config.resident_module_budget_gb = 4.0;          // manual budget: wins over profiles
+//
+//   ddo::Status s = ddo::core::apply_overrides(
+//       &config, {{"pin_cpu_memory", true}, {"resident_module_selection", "largest"}});
+//   // s.ok(); config.pin_cpu_memory == true
+//   s = ddo::core::apply_overrides(&config, {{"pin_memory", true}});
+//   // s.code() == kInvalidArgument: "unknown config field "pin_memory" (did you mean
+//   // "pin_cpu_memory"?); valid fields: execution_device, ..."; config is unchanged
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "ddo/core/status.h"
 
 namespace ddo::core {
 
@@ -28,11 +43,11 @@ enum class ExecutionMode {
 
 // The classic routes, kept as baselines (presets diffusers_*_compat), and the dynamic route.
 enum class Route {
-  kDynamic,      // ddo's dynamic offload (the default)
-  kGroupBlock,   // classic block-group streaming: one block per group, one-group prefetch
-  kGroupLeaf,    // classic leaf streaming: one leaf module per group, one-group prefetch
-  kDeviceMove,   // move the whole component to the execution device once
-  kNone,         // leave the component where the host put it
+  kDynamic,     // ddo's dynamic offload (the default)
+  kGroupBlock,  // classic block-group streaming: one block per group, one-group prefetch
+  kGroupLeaf,   // classic leaf streaming: one leaf module per group, one-group prefetch
+  kDeviceMove,  // move the whole component to the execution device once
+  kNone,        // leave the component where the host put it
 };
 
 enum class AutoBudgetPolicy { kOff, kBalanced };
@@ -65,10 +80,10 @@ struct DynamicOffloadConfig {
 
   // Budgets.
   AutoBudgetPolicy auto_budget_policy = AutoBudgetPolicy::kOff;
-  double max_resident_module_budget_gb = 6.0;  // 0 = uncapped
-  double auto_vram_headroom_gb = 0.0;          // 0 = built-in table
-  double profile_vram_headroom_gb = 1.0;       // finite, >= 0
-  double max_pin_weight_budget_gb = 0.0;       // 0 = none
+  double max_resident_module_budget_gb = 6.0;     // 0 = uncapped
+  double auto_vram_headroom_gb = 0.0;             // 0 = built-in table
+  double profile_vram_headroom_gb = 1.0;          // finite, >= 0
+  double max_pin_weight_budget_gb = 0.0;          // 0 = none
   std::optional<double> available_system_ram_gb;  // unset = detected
   double system_ram_headroom_gb = 6.0;
   double pin_weight_budget_gb = 0.0;
@@ -94,17 +109,50 @@ struct DynamicOffloadConfig {
   bool use_side_streams = true;    // false: copies on the compute stream (wsl_compat)
 
   // Engine knobs (new in ddo; DDO_ variables in the same style).
-  double staging_mb = 0.0;            // DDO_STAGING_MB: fixed staging area; 0 = from the plan
-  double prefetch_window_mb = 0.0;    // DDO_PREFETCH_WINDOW_MB: bytes in flight ahead; 0 = auto
-  double vram_cap_gb = 0.0;           // DDO_VRAM_CAP_GB: emulate a smaller card; 0 = off
+  double staging_mb = 0.0;              // DDO_STAGING_MB: fixed staging area; 0 = from the plan
+  double prefetch_window_mb = 0.0;      // DDO_PREFETCH_WINDOW_MB: bytes in flight ahead; 0 = auto
+  double vram_cap_gb = 0.0;             // DDO_VRAM_CAP_GB: emulate a smaller card; 0 = off
   double sim_device_capacity_gb = 0.0;  // DDO_SIM_DEVICE_GB: capacity of the "sim" device; 0 = 8
-  double sim_copy_gbps = 0.0;         // DDO_SIM_COPY_GBPS: simulated link speed; 0 = unthrottled
-  double sim_pinnable_gb = -1.0;      // DDO_SIM_PINNABLE_GB: pinning fails above this; < 0 = no limit
+  double sim_copy_gbps = 0.0;           // DDO_SIM_COPY_GBPS: simulated link speed; 0 = unthrottled
+  double sim_pinnable_gb = -1.0;  // DDO_SIM_PINNABLE_GB: pinning fails above this; < 0 = no limit
 };
 
+// The spellings of the spec: plan, linear_runtime, sdnq_runtime; dynamic, group_block,
+// group_leaf, device, none; off, balanced; first, spread, largest.
 const char* to_string(ExecutionMode mode);
 const char* to_string(Route route);
 const char* to_string(AutoBudgetPolicy policy);
 const char* to_string(Selection selection);
+
+// Parse the spellings above (case-insensitive, surrounding blanks ignored). On failure `out` is
+// unchanged and the kInvalidArgument message lists the valid spellings.
+Status parse_execution_mode(std::string_view text, ExecutionMode* out);
+Status parse_route(std::string_view text, Route* out);
+Status parse_auto_budget_policy(std::string_view text, AutoBudgetPolicy* out);
+Status parse_selection(std::string_view text, Selection* out);
+
+// The valid values of `load_safetensors_backend`: "" (ddo chooses), "mmap", "pread".
+bool is_valid_safetensors_backend(std::string_view backend);
+
+// Every field's spec name, in declaration order; the keys of `config_to_json` and
+// `apply_overrides`.
+std::vector<std::string> config_field_names();
+
+// Every field by its spec name. Enums are their spellings; an unset
+// `available_system_ram_gb` is null.
+nlohmann::json config_to_json(const DynamicOffloadConfig& config);
+
+// Sets the fields named by the keys of `object` (a JSON object), with typed checks: booleans take
+// true/false, numbers any JSON number (integer fields reject fractions), strings a string, lists
+// an array of strings or one string, enums their spellings, `available_system_ram_gb` also null
+// (= detect). `pin_weight_budget_ratio` is clamped to [0, 1]. Unknown names fail with
+// kInvalidArgument listing all of them, with suggestions and the valid names. The result must
+// pass `validate_config`. All or nothing: on any error `config` is unchanged.
+Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& object);
+
+// Checks the invariants a config must hold before use: pin_cpu_workers >= 1, sizes >= 0, every
+// GiB / MiB value finite and (except sim_pinnable_gb) >= 0, ratio in [0, 1], a known safetensors
+// backend, and module patterns that compile as ECMAScript regexes. Messages name the field.
+Status validate_config(const DynamicOffloadConfig& config);
 
 }  // namespace ddo::core

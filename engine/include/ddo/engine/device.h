@@ -94,7 +94,9 @@ class Device {
   virtual void stream_wait_event(Stream stream, Event event) = 0;
   virtual void synchronize_event(Event event) = 0;  // the host waits
   virtual bool event_done(Event event) = 0;
-  // Milliseconds between two completed timing events (device time, not issue time).
+  // Milliseconds between two completed timing events (device time, not issue time). Returns a
+  // negative value, without blocking, when either event has not completed or was created
+  // without timing.
   virtual float elapsed_ms(Event start, Event end) = 0;
   virtual void synchronize_stream(Stream stream) = 0;
 

@@ -1,0 +1,140 @@
+// The legacy host-context profile API (spec §6, last item), kept for existing integrations.
+//
+// Before named profiles, a host described its workload as an arbitrary JSON "context" (model,
+// resolution, steps, GPU, ...) and recorded observations under it. A context is normalized
+// (object keys sorted, only JSON-safe values) and hashed to a file "ddo-context-<32 hex>.json"
+// beside the named profiles; the different prefix keeps the two key spaces apart, and named
+// profiles never map to contexts. The files use the same locked, atomic write as profile_store.h.
+//
+// A session pairs an exact execution context (what ran) with a wider capacity context (what
+// the limits apply to, e.g. the same model and GPU at any prompt): each record appends to the
+// execution context's history and updates the capacity context's limits.
+//
+//   ddo::core::HostContextStore store({.directory = ddo::core::resolve_profile_dir(env)});
+//   ddo::core::DynamicOffloadProfileSession session(
+//       store, {{"model", "flux"}, {"gpu", "4090"}, {"steps", 28}},   // execution context
+//       {{"model", "flux"}, {"gpu", "4090"}});                          // capacity context
+//   ddo::Status s = session.record({.metrics = {{"resident_budget_gb", 6.0}}, .success = true});
+//   session.recommendation().values.at("resident_budget_gb");  // == 6.0
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ddo/core/profile_store.h"
+#include "ddo/core/status.h"
+
+namespace ddo::core {
+
+inline constexpr int kContextSchemaVersion = 1;
+inline constexpr std::string_view kContextFilePrefix = "ddo-context-";
+inline constexpr std::size_t kMaxContextObservations = 20;
+
+// A copy of `context` with keys sorted, holding only null, bool, number, string, arrays and
+// objects. Throws ddo::Error (kInvalidArgument) naming the offending path for NaN or infinite
+// numbers, binary values or discarded values.
+nlohmann::json normalize_context(const nlohmann::json& context);
+
+// First 32 hex digits of SHA-256 of the normalized context's canonical JSON. Throws like
+// normalize_context.
+std::string context_key(const nlohmann::json& context);
+// "ddo-context-<key>.json".
+std::string context_file_name(std::string_view key);
+std::filesystem::path context_path(const std::filesystem::path& directory,
+                                   const nlohmann::json& context);
+
+// One observation: named numeric metrics of a run and whether it succeeded.
+struct ContextObservation {
+  std::map<std::string, double> metrics;  // e.g. resident_budget_gb, peak_vram_gb; finite
+  bool success = true;
+  nlohmann::json details = nlohmann::json::object();  // free-form; normalized before saving
+  std::string recorded_at;                            // filled on save when empty
+
+  nlohmann::json to_json() const;
+  static Status from_json(const nlohmann::json& json, ContextObservation* out);
+};
+
+// Per metric, the largest value known to succeed, when it is below every known failure.
+struct ContextRecommendation {
+  std::map<std::string, double> values;
+  std::vector<std::string> conflicting;  // metrics whose max_success >= min_failure
+
+  nlohmann::json to_json() const;
+};
+ContextRecommendation recommend_from_capacity(const CapacityLimits& capacity);
+
+struct ContextRecord {
+  std::string context_key;
+  nlohmann::json context;  // normalized
+  std::string updated_at;
+  std::vector<ContextObservation> observations;  // oldest first, at most kMaxContextObservations
+  CapacityLimits capacity;
+
+  nlohmann::json to_json() const;
+  static Status from_json(const nlohmann::json& json, ContextRecord* out);
+};
+
+struct HostContextStoreOptions {
+  std::filesystem::path directory;
+  WarningSink warn = stderr_warning_sink();
+  DurableWriteOptions write;  // test hooks
+};
+
+class HostContextStore {
+ public:
+  explicit HostContextStore(HostContextStoreOptions options);
+
+  const std::filesystem::path& directory() const { return options_.directory; }
+  std::filesystem::path path_for(const nlohmann::json& context) const;
+
+  // nullopt when absent; invalid, foreign or mismatched files warn and count as absent.
+  std::optional<ContextRecord> load(const nlohmann::json& context) const;
+
+  // Under the file lock: updates the per-metric limits and, with keep_history, appends the
+  // observation (last kMaxContextObservations kept). Throws ddo::Error for an invalid context;
+  // kInvalidArgument for a non-finite metric; kUnavailable names an unwritable directory.
+  Status record_observation(const nlohmann::json& context, const ContextObservation& observation,
+                            bool keep_history = true);
+
+  CapacityLimits read_capacity(const nlohmann::json& context) const;
+  ContextRecommendation read_recommendation(const nlohmann::json& context) const;
+
+ private:
+  HostContextStoreOptions options_;
+};
+
+// Pairs an exact execution context with a wider capacity context.
+class DynamicOffloadProfileSession {
+ public:
+  // Normalizes both contexts; throws ddo::Error (kInvalidArgument) when either is invalid.
+  DynamicOffloadProfileSession(HostContextStore store, const nlohmann::json& execution_context,
+                               const nlohmann::json& capacity_context);
+
+  const nlohmann::json& execution_context() const { return execution_context_; }
+  const nlohmann::json& capacity_context() const { return capacity_context_; }
+  std::string execution_key() const;
+  std::string capacity_key() const;
+  std::filesystem::path execution_path() const;
+  std::filesystem::path capacity_path() const;
+
+  // History (and limits) under the execution context; limits only under the capacity context.
+  Status record(const ContextObservation& observation);
+
+  std::optional<ContextRecord> execution_record() const;
+  CapacityLimits capacity() const;
+  ContextRecommendation recommendation() const;
+
+ private:
+  HostContextStore store_;
+  nlohmann::json execution_context_;
+  nlohmann::json capacity_context_;
+};
+
+}  // namespace ddo::core

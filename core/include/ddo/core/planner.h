@@ -1,0 +1,172 @@
+// The planner: from a ModelInventory, a DynamicOffloadConfig and platform facts to a Plan that
+// says, for every module and tensor, where it lives (spec §5, §7 and the seed's SDNQ paragraph).
+//
+// make_plan is a pure function: no torch, no CUDA, no environment, no clock. The same inputs
+// give the same plan (nothing depends on hash-map order or pointer values), so plans can be cached
+// and compared, and every rule that fires leaves a Decision naming itself with its inputs, so a
+// user can see why a module is resident or a weight is not pinned.
+//
+//   ddo::core::DynamicOffloadConfig config;
+//   config.execution_mode = ExecutionMode::kLinearRuntime;
+//   config.resident_module_patterns = {"auto"};
+//   config.auto_budget_policy = AutoBudgetPolicy::kBalanced;
+//   ddo::core::PlanContext ctx;
+//   ctx.total_vram_bytes = 12 * (1LL << 30);
+//   ddo::core::Plan plan = ddo::core::make_plan(inventory, config, ctx);
+//   plan.block_pattern;                        // "^transformer_blocks\\.[0-9]+$"
+//   plan.find_decision("balanced_policy");     // its inputs: total, headroom, candidates, ...
+//   std::cout << plan.summary();
+//
+// See Note [Resident cost] and Note [Spread order] in planner.cpp for the two definitions the
+// spec leaves open.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ddo/core/config.h"
+#include "ddo/core/inventory.h"
+
+namespace ddo::core {
+
+// Platform facts and caller-resolved inputs that are not configuration.
+struct PlanContext {
+  // VRAM of the execution device (the caller applies vram_cap_gb or not; the planner also caps
+  // by config.vram_cap_gb when positive). 0 = unknown: the balanced policy then gives 0.
+  std::int64_t total_vram_bytes = 0;
+  // Detected available host RAM. config.available_system_ram_gb, when set, wins (it simulates a
+  // smaller machine). Unknown: pin admission is not bounded by RAM.
+  std::optional<std::int64_t> available_ram_bytes;
+  // A saved named-profile recommendation, already capped by the caller.
+  std::optional<std::int64_t> profile_budget_bytes;
+  // Residency calibration run: forces the resident budget to 0 (seed).
+  bool calibrating = false;
+  // Platform allows pinning (false e.g. under WSL with DDO_DISABLE_PIN_ON_WSL).
+  bool pin_allowed = true;
+  // Staging bytes the engine will hold on the device; unset = config.staging_mb, else estimated.
+  std::optional<std::int64_t> staging_bytes;
+  // Make every repeated block list a residency candidate, as the "auto_all" pattern token does.
+  // Stands in for a config field until one exists.
+  bool all_block_lists = false;
+};
+
+enum class Placement {
+  kResident,    // the whole module lives on the execution device
+  kStreamed,    // its large weights are streamed; its small tensors moved once
+  kDeviceOnce,  // nothing to stream: every tensor is moved to the device once
+  kSkipped,     // skip_modules_pattern (or the route): left where the host put it
+};
+
+enum class TensorAction {
+  kResident,  // moved to the device with its resident module
+  kStream,    // stays in host memory, streamed just in time
+  kMoveOnce,  // small or not streamable: moved to the device once
+  kKeep,      // its module is skipped: left where it is
+};
+
+const char* to_string(Placement placement);
+const char* to_string(TensorAction action);
+
+struct TensorPlan {
+  TensorAction action = TensorAction::kMoveOnce;
+  bool pin = false;            // ddo pins this streamed tensor
+  bool loader_pinned = false;  // streamed and already pinned by the loader; kept as it is
+};
+
+struct ModulePlan {
+  std::string name;
+  Placement placement = Placement::kDeviceOnce;
+  bool always_resident = false;     // resident through always_resident_modules_pattern
+  bool resident_candidate = false;  // matched resident_module_patterns (outermost match)
+  std::vector<TensorPlan> tensors;  // parallel to ModuleInfo::tensors
+};
+
+// (module index, tensor index) into the inventory.
+struct TensorRef {
+  std::size_t module = 0;
+  std::size_t tensor = 0;
+  bool operator==(const TensorRef&) const = default;
+};
+
+// What the engine copies as one piece: one tensor (dynamic route), a block or a leaf module
+// (classic group routes).
+struct StreamUnit {
+  std::string name;
+  std::vector<TensorRef> tensors;  // model order
+  std::int64_t bytes = 0;
+};
+
+// One rule that fired, with the numbers it saw.
+struct Decision {
+  std::string name;
+  nlohmann::json inputs;
+  std::string detail;
+};
+
+struct Plan {
+  ExecutionMode mode = ExecutionMode::kPlan;
+  Route route = Route::kDynamic;
+  bool execute = false;  // false in plan mode: placements are reported, nothing is moved
+  bool sdnq = false;     // classified with the sdnq_runtime rules
+
+  std::vector<ModulePlan> modules;  // parallel to ModelInventory::modules
+
+  // Residency.
+  std::string block_pattern;                   // "" when no auto pattern was inferred
+  std::vector<std::string> block_patterns;     // every inferred pattern (auto_all), best first
+  std::vector<std::string> resident_patterns;  // resolved patterns used for candidates
+  std::int64_t resident_budget_bytes = 0;
+  std::int64_t resident_used_bytes = 0;  // resident-candidate bytes chosen (Note [Resident cost])
+  std::int64_t resident_candidate_bytes = 0;
+  std::int64_t always_resident_bytes = 0;  // on top of the budget
+  std::int64_t move_once_bytes = 0;
+  std::int64_t streamed_bytes = 0;
+  std::int64_t skipped_bytes = 0;
+  std::int64_t staging_estimate_bytes = 0;
+
+  // Pinning.
+  std::int64_t pin_candidate_bytes = 0;  // streamed bytes not already pinned
+  std::int64_t pin_budget_bytes = 0;     // budget for new pins
+  std::int64_t pinned_bytes = 0;         // new pins
+  std::int64_t loader_pinned_bytes = 0;  // streamed bytes the loader already pinned (kept)
+  std::int64_t pin_excess_bytes = 0;     // sdnq: loader pins beyond the ceiling
+
+  std::vector<StreamUnit> stream_units;
+  std::vector<Decision> decisions;  // in the order the rules fired
+
+  const Decision* find_decision(std::string_view name) const;
+  bool has_decision(std::string_view name) const { return find_decision(name) != nullptr; }
+  // Names of resident modules (placement kResident), model order.
+  std::vector<std::string> resident_module_names() const;
+
+  nlohmann::json to_json() const;
+  // One screen: totals, budgets and one line per decision.
+  std::string summary() const;
+};
+
+// Builds the plan. Throws ddo::Error(kInvalidArgument) for a malformed pattern, a negative budget
+// or an invalid inventory, naming the value.
+Plan make_plan(const ModelInventory& inventory, const DynamicOffloadConfig& config,
+               const PlanContext& context);
+
+// The order in which `selection` takes items of the given sizes for `budget_bytes`
+// (Note [Spread order]); exposed for tests and the engine's own re-planning.
+std::vector<std::size_t> selection_order(const std::vector<std::int64_t>& bytes,
+                                         Selection selection, std::int64_t budget_bytes);
+
+// Greedy fill over `order`: takes each item that still fits and keeps going past those that do
+// not. Returns the chosen indices in `order` order.
+std::vector<std::size_t> greedy_fill(const std::vector<std::size_t>& order,
+                                     const std::vector<std::int64_t>& bytes,
+                                     std::int64_t budget_bytes);
+
+// The balanced policy's built-in VRAM headroom for a card of `total_vram_bytes`.
+std::int64_t balanced_headroom_bytes(std::int64_t total_vram_bytes);
+
+}  // namespace ddo::core

@@ -1,0 +1,259 @@
+// ProfileStore: named workload profiles on disk (spec §6, seed "Identity and storage").
+//
+// A profile is identified by {user-supplied name, model class qualified name, identity version}.
+// Its file name is "ddo-profile-" plus the first 32 hex digits of the SHA-256 of the identity's
+// canonical JSON, so names with any characters map to safe, fixed-length file names; the readable
+// name and class are stored inside. The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
+//
+// Every write is a read-modify-write under an exclusive lock on a sibling "<file>.lock", and the
+// new content replaces the old by rename, so two processes saving the same profile keep each
+// other's observations and a writer killed midway leaves the previous file intact.
+//
+//   ddo::core::ProfileStore store({.directory = ddo::core::resolve_profile_dir(env)});
+//   ddo::core::ProfileIdentity id{"video-5s", "my::Transformer"};
+//   ddo::Status s = store.save(id, observation, recommendation);   // atomic, locked
+//   std::optional<ddo::core::ProfileRecord> r = store.load(id);      // nullopt: absent or invalid
+//   // r->recommendation->resident_budget_gb == recommendation.resident_budget_gb
+//
+// This header also holds the durable-file helpers (SHA-256, atomic write, file lock, capacity
+// limits) that the legacy host-context store (host_context.h) reuses, so there is one
+// implementation of the crash- and concurrency-safe write path.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ddo/core/status.h"
+
+namespace ddo::core {
+
+inline constexpr int kProfileSchemaVersion = 1;
+inline constexpr int kProfileIdentityVersion = 1;
+inline constexpr std::size_t kMaxProfileObservations = 20;
+inline constexpr std::string_view kProfileFilePrefix = "ddo-profile-";
+inline constexpr std::size_t kProfileKeyHexDigits = 32;
+
+// profile_measurement_kind values (seed "Calibration and measurement").
+inline constexpr std::string_view kKindBaseline = "baseline";
+inline constexpr std::string_view kKindSdnqBaselineSafe = "sdnq_baseline_safe";
+inline constexpr std::string_view kKindSdnqProbePending = "sdnq_baseline_probe_pending";
+inline constexpr std::string_view kKindSdnqProbe = "sdnq_probe";
+
+// ---------------------------------------------------------------------------------------------
+// Durable-file helpers (shared with host_context.h).
+// ---------------------------------------------------------------------------------------------
+
+// Lower-case hex SHA-256 of `data` (OpenSSL EVP).
+std::string sha256_hex(std::string_view data);
+
+// Compact JSON with object keys sorted (nlohmann::json objects are std::map-backed).
+std::string canonical_json(const nlohmann::json& value);
+
+// Current time as UTC ISO-8601 with milliseconds and a trailing Z: "2025-01-31T09:08:07.123Z".
+std::string utc_now_iso8601();
+
+// The profile directory: DDO_PROFILE_DIR when set and non-empty, else <home>/.ddo/profiles where
+// home is HOME (USERPROFILE on Windows, and as a fallback when HOME is unset). Throws ddo::Error
+// (kFailedPrecondition) when neither is set. `env` is the process environment as a map.
+std::filesystem::path resolve_profile_dir(const std::map<std::string, std::string>& env);
+
+// Options of one atomic write.
+struct DurableWriteOptions {
+  // Test hook: runs after the temporary file is complete and synced, before the rename. A test
+  // forks a child whose hook calls _exit() to prove a killed writer never loses the old file.
+  std::function<void(const std::filesystem::path& temp_path)> before_rename;
+};
+
+// Creates `directory` (and parents) when missing. kUnavailable names the directory and says to
+// set DDO_PROFILE_DIR when it cannot be created or is not a directory.
+Status ensure_profile_directory(const std::filesystem::path& directory);
+
+// Writes `content` to a temporary file in the target's directory, fsyncs it, renames it over
+// `target` and fsyncs the directory. On failure the previous `target` is untouched.
+Status write_file_atomic(const std::filesystem::path& target, std::string_view content,
+                         const DurableWriteOptions& options = {});
+
+// Reads a whole file. kNotFound when it does not exist; kUnavailable for other read errors.
+Status read_text_file(const std::filesystem::path& path, std::string* content);
+
+// An exclusive advisory lock (flock) on a lock file, held until destruction. Blocks until the
+// lock is free. Re-checks after locking that the lock file was not deleted and recreated
+// meanwhile, so a `remove` that unlinks the lock file cannot split writers across two inodes.
+class FileLock {
+ public:
+  FileLock() = default;
+  FileLock(FileLock&& other) noexcept;
+  FileLock& operator=(FileLock&& other) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();
+
+  static Status acquire(const std::filesystem::path& lock_path, FileLock* out);
+  bool held() const { return fd_ >= 0; }
+  void release();
+
+ private:
+  int fd_ = -1;
+};
+
+// The lock file that guards `target`: "<target>.lock".
+std::filesystem::path lock_path_for(const std::filesystem::path& target);
+
+// Read-modify-write of `target` under its lock: `update` sees the current content (nullopt when
+// the file is absent) and fills the next content; a non-ok status from `update` writes nothing.
+using FileUpdate =
+    std::function<Status(const std::optional<std::string>& current, std::string* next)>;
+Status update_file_locked(const std::filesystem::path& target, const FileUpdate& update,
+                          const DurableWriteOptions& options = {});
+
+// Capacity limits of one metric: the largest value that succeeded, the smallest that failed.
+struct MetricLimits {
+  std::optional<double> max_success;
+  std::optional<double> min_failure;
+};
+using CapacityLimits = std::map<std::string, MetricLimits>;
+
+void update_limits(CapacityLimits& limits, const std::string& metric, double value, bool success);
+nlohmann::json limits_to_json(const CapacityLimits& limits);
+// Parses {"metric": {"max_success": x, "min_failure": y}}; kDataLoss on a malformed entry.
+Status limits_from_json(const nlohmann::json& json, CapacityLimits* out);
+
+// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
+using WarningSink = std::function<void(const std::string& message)>;
+WarningSink stderr_warning_sink();
+
+// ---------------------------------------------------------------------------------------------
+// Named profiles.
+// ---------------------------------------------------------------------------------------------
+
+struct ProfileIdentity {
+  std::string name;         // user-supplied, stored verbatim
+  std::string model_class;  // fully qualified C++ class name, or Python class qualified name
+  int identity_version = kProfileIdentityVersion;
+
+  nlohmann::json to_json() const;
+  bool operator==(const ProfileIdentity&) const = default;
+};
+
+// First 32 hex digits of SHA-256(canonical_json(identity)).
+std::string profile_key(const ProfileIdentity& identity);
+// "ddo-profile-<key>.json".
+std::string profile_file_name(std::string_view key);
+// True for exactly 32 lower-case hex digits (guards `--key` against path tricks).
+bool is_valid_profile_key(std::string_view key);
+
+// The budget a profile recommends and how it was measured.
+struct ProfileRecommendation {
+  double resident_budget_gb = 0.0;
+  std::string profile_measurement_kind;  // one of the kKind* values
+  double peak_vram_gb = 0.0;
+  double total_vram_gb = 0.0;
+  double headroom_gb = 0.0;
+  // SDNQ probe fields. safe_budget_gb: the zero-resident safe budget (applied if a pending probe
+  // cannot run); probe_budget_gb: the resident budget probed or to be probed.
+  std::optional<double> safe_budget_gb;
+  std::optional<double> probe_budget_gb;
+  bool probe_pending = false;
+  std::string measured_at;
+
+  nlohmann::json to_json() const;
+  static Status from_json(const nlohmann::json& json, ProfileRecommendation* out);
+};
+
+// One measured region, kept in a bounded history.
+struct ProfileObservation {
+  std::string recorded_at;
+  std::string profile_measurement_kind;
+  bool success = true;              // the peak stayed within total - headroom
+  double resident_budget_gb = 0.0;  // the budget the measured run used
+  double peak_vram_gb = 0.0;
+  double total_vram_gb = 0.0;
+  double headroom_gb = 0.0;
+  double recommended_budget_gb = 0.0;
+  nlohmann::json measurement = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  static Status from_json(const nlohmann::json& json, ProfileObservation* out);
+};
+
+struct ProfileRecord {
+  ProfileIdentity identity;
+  std::string profile_key;
+  std::string updated_at;
+  std::vector<ProfileObservation> observations;  // oldest first, at most kMaxProfileObservations
+  CapacityLimits capacity;
+  std::optional<ProfileRecommendation> recommendation;
+
+  nlohmann::json to_json() const;
+  // Validates schema version, identity version and key; kDataLoss says what is wrong.
+  static Status from_json(const nlohmann::json& json, ProfileRecord* out);
+};
+
+// One row of `ddo profiles list`. Unreadable files are listed with `problem` set so that the
+// user can see and delete them.
+struct ProfileListing {
+  std::string profile_key;
+  std::string name;
+  std::string model_class;
+  std::optional<double> resident_budget_gb;
+  std::string profile_measurement_kind;
+  std::string updated_at;
+  std::filesystem::path path;
+  std::string problem;  // empty when the file is a valid profile
+
+  nlohmann::json to_json() const;
+};
+
+struct ProfileStoreOptions {
+  std::filesystem::path directory;
+  WarningSink warn = stderr_warning_sink();
+  DurableWriteOptions write;  // test hooks
+};
+
+class ProfileStore {
+ public:
+  explicit ProfileStore(ProfileStoreOptions options);
+
+  const std::filesystem::path& directory() const { return options_.directory; }
+  std::filesystem::path path_for(const ProfileIdentity& identity) const;
+  // Throws ddo::Error (kInvalidArgument) when `key` is not 32 hex digits.
+  std::filesystem::path path_for_key(std::string_view key) const;
+
+  // The stored record, or nullopt when absent. Invalid, foreign, mismatched or old-schema files
+  // are reported through the warning sink and treated as absent; this never throws for file
+  // content.
+  std::optional<ProfileRecord> load(const ProfileIdentity& identity) const;
+  std::optional<ProfileRecord> load_by_key(std::string_view key) const;
+
+  // Appends `observation` (history capped at kMaxProfileObservations), updates capacity limits
+  // and replaces the recommendation, all under the file lock. A present but invalid file is kept
+  // beside as "<file>.invalid" before it is replaced. Errors name the directory.
+  Status save(const ProfileIdentity& identity, const ProfileObservation& observation,
+              const ProfileRecommendation& recommendation);
+
+  // Every "ddo-profile-*.json" in the directory, sorted by name, class, then key. A missing
+  // directory lists nothing.
+  std::vector<ProfileListing> list() const;
+
+  // Deletes the profile file (and its lock file). kNotFound when there is none.
+  Status remove(const ProfileIdentity& identity);
+  Status remove_by_key(std::string_view key);
+
+ private:
+  std::optional<ProfileRecord> load_path(const std::filesystem::path& path,
+                                         const std::optional<ProfileIdentity>& expected,
+                                         std::string_view expected_key) const;
+  Status remove_path(const std::filesystem::path& path, std::string_view what);
+
+  ProfileStoreOptions options_;
+};
+
+}  // namespace ddo::core

@@ -1,0 +1,434 @@
+#include "ddo/core/calibration.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace ddo::core {
+using nlohmann::json;
+
+namespace {
+
+bool is_blank(std::string_view text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](unsigned char c) { return std::isspace(c) != 0; });
+}
+
+double to_gib(std::int64_t bytes) {
+  return static_cast<double>(bytes) / kGiB;
+}
+
+// Registry of devices with an active calibration or probe region. A function-local static, so
+// there is no static constructor and the first use initializes it thread-safely.
+struct RegionRegistry {
+  std::mutex mu;
+  std::set<std::string> active;  // guarded by mu
+};
+
+RegionRegistry& region_registry() {
+  static RegionRegistry registry;
+  return registry;
+}
+
+}  // namespace
+
+const char* to_string(ProfileStatus status) {
+  switch (status) {
+    case ProfileStatus::kDisabled:
+      return "disabled";
+    case ProfileStatus::kCalibrating:
+      return "calibrating";
+    case ProfileStatus::kMissing:
+      return "missing";
+    case ProfileStatus::kProbing:
+      return "probing";
+    case ProfileStatus::kApplied:
+      return "applied";
+    case ProfileStatus::kSaved:
+      return "saved";
+    case ProfileStatus::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurement and recommendation math.
+// ---------------------------------------------------------------------------------------------
+
+json Measurement::to_json() const {
+  return json{{"driver_peak_gb", to_gib(driver_peak_bytes)},
+              {"allocator_peak_reserved_gb", to_gib(allocator_peak_reserved_bytes)},
+              {"initial_non_allocator_gb", to_gib(initial_non_allocator_bytes)},
+              {"peak_gb", to_gib(peak_bytes)},
+              {"samples", samples}};
+}
+
+Measurement measure_peak(const MeasurementInputs& in) {
+  Measurement m;
+  m.driver_peak_bytes = std::max(in.driver_used_start_bytes, in.driver_used_end_bytes);
+  for (std::int64_t sample : in.driver_used_samples_bytes) {
+    m.driver_peak_bytes = std::max(m.driver_peak_bytes, sample);
+  }
+  m.samples = 2 + static_cast<int>(in.driver_used_samples_bytes.size());
+  m.allocator_peak_reserved_bytes = in.allocator_peak_reserved_bytes;
+  m.initial_non_allocator_bytes =
+      std::max<std::int64_t>(0, in.driver_used_start_bytes - in.allocator_reserved_start_bytes);
+  m.peak_bytes = std::max(m.driver_peak_bytes,
+                          m.allocator_peak_reserved_bytes + m.initial_non_allocator_bytes);
+  return m;
+}
+
+double recommend_resident_budget_gb(double total_gb, double peak_gb, double headroom_gb) {
+  return std::max(0.0, total_gb - peak_gb - headroom_gb);
+}
+
+double sdnq_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb) {
+  const double ceiling =
+      max_resident_budget_gb > 0 ? max_resident_budget_gb : kSdnqDefaultProbeCeilingGb;
+  return std::max(0.0, std::min(ceiling, total_gb - headroom_gb));
+}
+
+ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, double peak_gb,
+                                                  double headroom_gb,
+                                                  double max_resident_budget_gb) {
+  ProfileRecommendation r;
+  r.peak_vram_gb = peak_gb;
+  r.total_vram_gb = total_gb;
+  r.headroom_gb = headroom_gb;
+  const double safe = recommend_resident_budget_gb(total_gb, peak_gb, headroom_gb);
+  r.resident_budget_gb = safe;
+  if (!sdnq) {
+    r.profile_measurement_kind = std::string(kKindBaseline);
+    return r;
+  }
+  r.safe_budget_gb = safe;
+  const double ceiling = sdnq_probe_ceiling_gb(max_resident_budget_gb, total_gb, headroom_gb);
+  // SDNQ layers dequantize into temporaries, so a zero-resident peak underestimates what a
+  // resident run needs; rather than trusting the safe value, probe the ceiling once and measure.
+  if (safe >= kSdnqProbeMinSafeGb && safe < ceiling) {
+    r.profile_measurement_kind = std::string(kKindSdnqProbePending);
+    r.resident_budget_gb = ceiling;
+    r.probe_budget_gb = ceiling;
+    r.probe_pending = true;
+  } else {
+    r.profile_measurement_kind = std::string(kKindSdnqBaselineSafe);
+  }
+  return r;
+}
+
+ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, double peak_gb,
+                                            double headroom_gb) {
+  ProfileRecommendation r;
+  r.profile_measurement_kind = std::string(kKindSdnqProbe);
+  r.peak_vram_gb = peak_gb;
+  r.total_vram_gb = total_gb;
+  r.headroom_gb = headroom_gb;
+  r.probe_budget_gb = probe_gb;
+  const double overshoot = std::max(0.0, peak_gb - (total_gb - headroom_gb));
+  r.resident_budget_gb = std::max(0.0, probe_gb - overshoot);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+// ---------------------------------------------------------------------------------------------
+
+json ProfileReport::to_json() const {
+  json out{{"name", name}, {"status", core::to_string(status)}};
+  if (resident_budget_gb) out["resident_budget_gb"] = *resident_budget_gb;
+  if (budget_source) out["budget_source"] = *budget_source;
+  if (recommended_budget_gb) out["recommended_budget_gb"] = *recommended_budget_gb;
+  if (path) out["path"] = *path;
+  if (peak_vram_gb) out["peak_vram_gb"] = *peak_vram_gb;
+  if (total_vram_gb) out["total_vram_gb"] = *total_vram_gb;
+  if (headroom_gb) out["headroom_gb"] = *headroom_gb;
+  if (profile_measurement_kind) out["profile_measurement_kind"] = *profile_measurement_kind;
+  if (measurement) out["measurement"] = measurement->to_json();
+  if (!notes.empty()) out["notes"] = notes;
+  if (error) out["error"] = *error;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle.
+// ---------------------------------------------------------------------------------------------
+
+std::optional<std::string> normalize_calibration_device(std::string_view device) {
+  for (std::string_view type : {"cuda", "sim"}) {
+    if (device == type) return fmt::format("{}:0", type);
+    if (device.size() > type.size() + 1 && device.starts_with(type) && device[type.size()] == ':') {
+      std::string_view index = device.substr(type.size() + 1);
+      if (std::all_of(index.begin(), index.end(),
+                      [](unsigned char c) { return std::isdigit(c) != 0; })) {
+        // Strip leading zeros so "cuda:00" and "cuda:0" share one region lock.
+        const std::size_t first = std::min(index.find_first_not_of('0'), index.size() - 1);
+        return fmt::format("{}:{}", type, index.substr(first));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::string gb(double value) {
+  return fmt::format("{:.2f} GiB", value);
+}
+
+void check_can_calibrate(const DynamicOffloadConfig& config, const DeviceFacts& device,
+                         const std::optional<std::string>& normalized) {
+  DDO_CHECK(
+      config.route == Route::kDynamic, Code::kFailedPrecondition,
+      "build_profile=true needs the dynamic route, but the route is ",
+      core::to_string(config.route),
+      "; calibrate with the dynamic route (not a diffusers_*_compat preset or a per-component "
+      "device move)");
+  DDO_CHECK(config.execution_mode != ExecutionMode::kPlan, Code::kFailedPrecondition,
+            "build_profile=true needs execution_mode linear_runtime or sdnq_runtime, but it is "
+            "plan (plan mode moves nothing, so there is nothing to measure); set "
+            "DDO_EXECUTION_MODE=linear_runtime or choose a runtime preset");
+  DDO_CHECK(normalized.has_value() && device.is_cuda_like, Code::kFailedPrecondition,
+            "build_profile=true needs a CUDA execution device (cuda, cuda:N) or the simulated "
+            "device (sim, sim:N), but execution_device is '",
+            config.execution_device, "'; calibrate on the GPU the workload runs on");
+  DDO_CHECK(device.total_vram_bytes > 0, Code::kFailedPrecondition,
+            "build_profile=true needs the device's total memory, but it reports ",
+            device.total_vram_bytes, " bytes on '", config.execution_device, "'");
+}
+
+}  // namespace
+
+PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_view model_class,
+                                const ProfileStore& store, const DeviceFacts& device) {
+  PreparedProfile p;
+  const std::string& name = config.profile_name;
+  if (name.empty()) {
+    DDO_CHECK(!config.build_profile, Code::kInvalidArgument,
+              "build_profile=true needs a profile name; pass profile_name=\"my-workload\" (one "
+              "name per workload, e.g. video-5s)");
+    return p;  // disabled
+  }
+  DDO_CHECK(!is_blank(name), Code::kInvalidArgument, "profile_name '", name,
+            "' is only whitespace; pass a readable name such as \"my-workload\", or omit it to "
+            "disable profiles");
+  DDO_CHECK(!is_blank(model_class), Code::kInvalidArgument,
+            "a named profile needs the model class qualified name, but it is empty");
+  const double headroom = config.profile_vram_headroom_gb;
+  DDO_CHECK(std::isfinite(headroom) && headroom >= 0, Code::kInvalidArgument,
+            "profile_vram_headroom_gb=", headroom,
+            " must be a finite number >= 0; set DDO_PROFILE_VRAM_HEADROOM_GB to e.g. 1");
+
+  const std::optional<std::string> normalized =
+      normalize_calibration_device(config.execution_device);
+  p.identity = ProfileIdentity{name, std::string(model_class)};
+  p.record_path = store.path_for(p.identity);
+  p.device = normalized.value_or(config.execution_device);
+  p.sdnq = config.execution_mode == ExecutionMode::kSdnqRuntime;
+  p.headroom_gb = headroom;
+  p.total_vram_gb = to_gib(device.total_vram_bytes);
+  p.max_resident_budget_gb = config.max_resident_module_budget_gb;
+
+  ProfileReport& report = p.report;
+  report.name = name;
+  report.path = p.record_path.string();
+  report.headroom_gb = headroom;
+  if (device.total_vram_bytes > 0) report.total_vram_gb = p.total_vram_gb;
+
+  const double manual = config.resident_module_budget_gb;
+  if (config.build_profile) {
+    check_can_calibrate(config, device, normalized);
+    p.status = report.status = ProfileStatus::kCalibrating;
+    p.region = RegionAction::kCalibrate;
+    p.resident_budget_gb = report.resident_budget_gb = 0.0;
+    report.budget_source = "calibration";
+    if (manual > 0) {
+      report.notes.push_back(fmt::format(
+          "resident_module_budget_gb={} is ignored while calibrating: calibration measures a "
+          "zero-resident run",
+          manual));
+    }
+    return p;
+  }
+
+  const std::optional<ProfileRecord> record = store.load(p.identity);
+  if (!record || !record->recommendation) {
+    p.status = report.status = ProfileStatus::kMissing;
+    report.notes.push_back(
+        fmt::format("no saved profile '{}' for {}; run once with build_profile=true to calibrate",
+                    name, model_class));
+    return p;
+  }
+  const ProfileRecommendation& rec = *record->recommendation;
+  report.recommended_budget_gb = rec.resident_budget_gb;
+  report.profile_measurement_kind = rec.profile_measurement_kind;
+  report.peak_vram_gb = rec.peak_vram_gb;
+  p.status = report.status = ProfileStatus::kApplied;
+
+  if (manual > 0) {
+    // Spec §3 override order: a saved recommendation applies only where the manual budget is
+    // not positive.
+    p.resident_budget_gb = report.resident_budget_gb = manual;
+    report.budget_source = "manual";
+    report.notes.push_back(
+        fmt::format("manual resident_module_budget_gb={} overrides the saved recommendation of {}",
+                    manual, gb(rec.resident_budget_gb)));
+    return p;
+  }
+
+  double budget = rec.resident_budget_gb;
+  report.budget_source = "profile";
+  if (rec.probe_pending) {
+    const bool can_probe = p.sdnq && normalized.has_value() && device.is_cuda_like &&
+                           config.execution_mode != ExecutionMode::kPlan &&
+                           config.route == Route::kDynamic;
+    if (can_probe) {
+      double probe = rec.probe_budget_gb.value_or(rec.resident_budget_gb);
+      if (p.max_resident_budget_gb > 0 && probe > p.max_resident_budget_gb) {
+        report.notes.push_back(
+            fmt::format("pending probe of {} capped by "
+                        "max_resident_module_budget_gb={}",
+                        gb(probe), p.max_resident_budget_gb));
+        probe = p.max_resident_budget_gb;
+      }
+      p.status = report.status = ProfileStatus::kProbing;
+      p.region = RegionAction::kProbe;
+      p.probe_budget_gb = probe;
+      p.safe_budget_gb = rec.safe_budget_gb;
+      p.resident_budget_gb = report.resident_budget_gb = probe;
+      report.budget_source = "probe";
+      report.notes.push_back(fmt::format(
+          "probing a pending SDNQ resident budget of {}; it is not a validated resident run "
+          "until this profile_run() region finishes",
+          gb(probe)));
+      return p;
+    }
+    budget = rec.safe_budget_gb.value_or(0.0);
+    report.notes.push_back(fmt::format(
+        "the saved SDNQ probe is pending but this run cannot probe it (it needs sdnq_runtime on "
+        "a CUDA device); applying the measured safe budget of {}",
+        gb(budget)));
+  }
+  if (p.max_resident_budget_gb > 0 && budget > p.max_resident_budget_gb) {
+    report.notes.push_back(
+        fmt::format("saved recommendation of {} capped by "
+                    "max_resident_module_budget_gb={}",
+                    gb(budget), p.max_resident_budget_gb));
+    budget = p.max_resident_budget_gb;
+  }
+  p.resident_budget_gb = report.resident_budget_gb = budget;
+  return p;
+}
+
+Status finish_region(const PreparedProfile& prepared, const RegionResult& result,
+                     ProfileStore& store, ProfileReport* report) {
+  *report = prepared.report;
+  if (prepared.region == RegionAction::kNone) return Status::ok_status();
+  if (!result.exited_normally) {
+    report->status = ProfileStatus::kFailed;
+    report->notes.push_back(
+        "the profile_run() region exited by an exception; nothing was saved and any existing "
+        "recommendation is unchanged");
+    return Status::ok_status();
+  }
+
+  const Measurement m = measure_peak(result.inputs);
+  const double peak_gb = to_gib(m.peak_bytes);
+  const double total_gb = prepared.total_vram_gb;
+  const double headroom_gb = prepared.headroom_gb;
+  ProfileRecommendation rec;
+  double measured_with_gb = 0.0;
+  if (prepared.region == RegionAction::kCalibrate) {
+    rec = recommend_after_calibration(prepared.sdnq, total_gb, peak_gb, headroom_gb,
+                                      prepared.max_resident_budget_gb);
+  } else {
+    DDO_ASSERT(prepared.probe_budget_gb.has_value(), "a probe region without a probe budget");
+    measured_with_gb = *prepared.probe_budget_gb;
+    rec = recommend_after_probe(measured_with_gb, total_gb, peak_gb, headroom_gb);
+    rec.safe_budget_gb = prepared.safe_budget_gb;
+  }
+  rec.measured_at = utc_now_iso8601();
+
+  ProfileObservation observation;
+  observation.recorded_at = rec.measured_at;
+  observation.profile_measurement_kind = rec.profile_measurement_kind;
+  observation.success = peak_gb <= total_gb - headroom_gb;
+  observation.resident_budget_gb = measured_with_gb;
+  observation.peak_vram_gb = peak_gb;
+  observation.total_vram_gb = total_gb;
+  observation.headroom_gb = headroom_gb;
+  observation.recommended_budget_gb = rec.resident_budget_gb;
+  observation.measurement = m.to_json();
+
+  report->resident_budget_gb = rec.resident_budget_gb;
+  report->recommended_budget_gb = rec.resident_budget_gb;
+  report->budget_source.reset();
+  report->peak_vram_gb = peak_gb;
+  report->total_vram_gb = total_gb;
+  report->headroom_gb = headroom_gb;
+  report->profile_measurement_kind = rec.profile_measurement_kind;
+  report->measurement = m;
+  report->notes.push_back(
+      fmt::format("measured with a resident budget of {}", gb(measured_with_gb)));
+  if (rec.probe_pending) {
+    report->notes.push_back(fmt::format(
+        "the saved {} is a pending probe, not a validated resident run; the next normal run "
+        "probes it (safe budget {})",
+        gb(rec.resident_budget_gb), gb(rec.safe_budget_gb.value_or(0.0))));
+  }
+
+  Status saved = store.save(prepared.identity, observation, rec);
+  if (!saved.ok()) {
+    report->status = ProfileStatus::kFailed;
+    report->error = saved.message();
+    return saved;
+  }
+  report->status = ProfileStatus::kSaved;
+  return Status::ok_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CalibrationRegionLock.
+// ---------------------------------------------------------------------------------------------
+
+CalibrationRegionLock CalibrationRegionLock::acquire(std::string_view device) {
+  std::string key = normalize_calibration_device(device).value_or(std::string(device));
+  RegionRegistry& registry = region_registry();
+  std::lock_guard<std::mutex> guard(registry.mu);
+  DDO_CHECK(registry.active.insert(key).second, Code::kFailedPrecondition,
+            "a profile_run() region is already active on ", key,
+            "; nested or concurrent calibration regions on one device are not supported (they "
+            "would reset each other's peak counters); finish the first region before starting "
+            "another");
+  return CalibrationRegionLock(std::move(key));
+}
+
+CalibrationRegionLock::CalibrationRegionLock(CalibrationRegionLock&& other) noexcept
+    : device_(std::exchange(other.device_, std::string())) {}
+
+CalibrationRegionLock& CalibrationRegionLock::operator=(CalibrationRegionLock&& other) noexcept {
+  if (this != &other) {
+    release();
+    device_ = std::exchange(other.device_, std::string());
+  }
+  return *this;
+}
+
+CalibrationRegionLock::~CalibrationRegionLock() {
+  release();
+}
+
+void CalibrationRegionLock::release() {
+  if (device_.empty()) return;
+  RegionRegistry& registry = region_registry();
+  std::lock_guard<std::mutex> guard(registry.mu);
+  registry.active.erase(device_);
+  device_.clear();
+}
+
+}  // namespace ddo::core

@@ -1,0 +1,333 @@
+#include "ddo/core/host_context.h"
+
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace ddo::core {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+Status data_loss(std::string message) {
+  return Status(Code::kDataLoss, std::move(message));
+}
+
+json normalize_at(const json& value, const std::string& where) {
+  switch (value.type()) {
+    case json::value_t::null:
+    case json::value_t::boolean:
+    case json::value_t::string:
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return value;
+    case json::value_t::number_float: {
+      const double number = value.get<double>();
+      DDO_CHECK(std::isfinite(number), Code::kInvalidArgument, where, " is ", number,
+                "; a profile context holds only finite numbers (write it as a string or drop it)");
+      return value;
+    }
+    case json::value_t::array: {
+      json out = json::array();
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        out.push_back(normalize_at(value[i], fmt::format("{}[{}]", where, i)));
+      }
+      return out;
+    }
+    case json::value_t::object: {
+      // nlohmann::json objects are std::map-backed: inserting sorts the keys.
+      json out = json::object();
+      for (const auto& [key, item] : value.items()) {
+        out[key] = normalize_at(item, fmt::format("{}.{}", where, key));
+      }
+      return out;
+    }
+    case json::value_t::binary:
+      throw Error(Code::kInvalidArgument,
+                  fmt::format("{} is binary data; a profile context holds only null, bool, number, "
+                              "string, arrays and objects",
+                              where));
+    case json::value_t::discarded:
+      break;
+  }
+  throw Error(Code::kInvalidArgument,
+              fmt::format("{} is not a JSON value (a discarded parse result); pass a valid JSON "
+                          "context",
+                          where));
+}
+
+Status parse_context_record(const std::string& content, ContextRecord* record) {
+  json value = json::parse(content, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return data_loss("not valid JSON (truncated or corrupt)");
+  return ContextRecord::from_json(value, record);
+}
+
+}  // namespace
+
+json normalize_context(const json& context) {
+  return normalize_at(context, "context");
+}
+
+std::string context_key(const json& context) {
+  return sha256_hex(canonical_json(normalize_context(context))).substr(0, kProfileKeyHexDigits);
+}
+
+std::string context_file_name(std::string_view key) {
+  return fmt::format("{}{}.json", kContextFilePrefix, key);
+}
+
+fs::path context_path(const fs::path& directory, const json& context) {
+  return directory / context_file_name(context_key(context));
+}
+
+json ContextObservation::to_json() const {
+  return json{{"recorded_at", recorded_at},
+              {"success", success},
+              {"metrics", metrics},
+              {"details", details}};
+}
+
+Status ContextObservation::from_json(const json& value, ContextObservation* out) {
+  if (!value.is_object()) return data_loss("an observation is not an object");
+  ContextObservation o;
+  auto success = value.find("success");
+  if (success == value.end() || !success->is_boolean()) {
+    return data_loss("an observation has no boolean success");
+  }
+  o.success = success->get<bool>();
+  if (auto it = value.find("recorded_at"); it != value.end() && it->is_string()) {
+    o.recorded_at = it->get<std::string>();
+  }
+  if (auto it = value.find("metrics"); it != value.end()) {
+    if (!it->is_object()) return data_loss("an observation's metrics is not an object");
+    for (const auto& [metric, number] : it->items()) {
+      if (!number.is_number() || !std::isfinite(number.get<double>())) {
+        return data_loss(fmt::format("metric '{}' is not a finite number", metric));
+      }
+      o.metrics[metric] = number.get<double>();
+    }
+  }
+  if (auto it = value.find("details"); it != value.end()) o.details = *it;
+  *out = std::move(o);
+  return Status::ok_status();
+}
+
+json ContextRecommendation::to_json() const {
+  return json{{"values", values}, {"conflicting", conflicting}};
+}
+
+ContextRecommendation recommend_from_capacity(const CapacityLimits& capacity) {
+  ContextRecommendation r;
+  for (const auto& [metric, limits] : capacity) {
+    if (!limits.max_success) continue;
+    // A success at or above a known failure means the limit is flaky; recommending either value
+    // would be a guess, so the metric is reported instead.
+    if (limits.min_failure && *limits.max_success >= *limits.min_failure) {
+      r.conflicting.push_back(metric);
+      continue;
+    }
+    r.values[metric] = *limits.max_success;
+  }
+  return r;
+}
+
+json ContextRecord::to_json() const {
+  json history = json::array();
+  for (const ContextObservation& o : observations) history.push_back(o.to_json());
+  return json{{"schema_version", kContextSchemaVersion},
+              {"context_key", context_key},
+              {"updated_at", updated_at},
+              {"context", context},
+              {"observations", std::move(history)},
+              {"capacity", limits_to_json(capacity)},
+              {"recommendation", recommend_from_capacity(capacity).to_json()}};
+}
+
+Status ContextRecord::from_json(const json& value, ContextRecord* out) {
+  if (!value.is_object()) return data_loss("the file is not a JSON object");
+  auto schema = value.find("schema_version");
+  if (schema == value.end() || !schema->is_number_integer()) {
+    return data_loss("no schema_version; not a ddo context profile");
+  }
+  if (schema->get<int>() != kContextSchemaVersion) {
+    return data_loss(fmt::format("schema_version {} is not the supported version {}",
+                                 schema->get<int>(), kContextSchemaVersion));
+  }
+  ContextRecord r;
+  auto context = value.find("context");
+  auto key = value.find("context_key");
+  if (context == value.end() || key == value.end() || !key->is_string()) {
+    return data_loss("context or context_key is missing");
+  }
+  try {
+    r.context = normalize_context(*context);
+    r.context_key = core::context_key(r.context);
+  } catch (const Error& e) {
+    return data_loss(e.what());
+  }
+  if (r.context_key != key->get<std::string>()) {
+    return data_loss("context_key does not match the stored context");
+  }
+  if (auto it = value.find("updated_at"); it != value.end() && it->is_string()) {
+    r.updated_at = it->get<std::string>();
+  }
+  if (auto it = value.find("observations"); it != value.end()) {
+    if (!it->is_array()) return data_loss("observations is not an array");
+    for (const json& item : *it) {
+      ContextObservation o;
+      DDO_RETURN_IF_ERROR(ContextObservation::from_json(item, &o));
+      r.observations.push_back(std::move(o));
+    }
+  }
+  if (auto it = value.find("capacity"); it != value.end()) {
+    DDO_RETURN_IF_ERROR(limits_from_json(*it, &r.capacity));
+  }
+  *out = std::move(r);
+  return Status::ok_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// HostContextStore.
+// ---------------------------------------------------------------------------------------------
+
+HostContextStore::HostContextStore(HostContextStoreOptions options) : options_(std::move(options)) {
+  if (!options_.warn) options_.warn = stderr_warning_sink();
+}
+
+fs::path HostContextStore::path_for(const json& context) const {
+  return context_path(options_.directory, context);
+}
+
+std::optional<ContextRecord> HostContextStore::load(const json& context) const {
+  const json normalized = normalize_context(context);
+  const fs::path path = path_for(normalized);
+  std::string content;
+  Status status = read_text_file(path, &content);
+  if (status.code() == Code::kNotFound) return std::nullopt;
+  ContextRecord record;
+  if (status.ok()) status = parse_context_record(content, &record);
+  if (status.ok() && record.context != normalized) {
+    status = data_loss("it holds another context");
+  }
+  if (!status.ok()) {
+    options_.warn(
+        fmt::format("ignoring context profile '{}': {}", path.string(), status.message()));
+    return std::nullopt;
+  }
+  return record;
+}
+
+Status HostContextStore::record_observation(const json& context,
+                                            const ContextObservation& observation,
+                                            bool keep_history) {
+  const json normalized = normalize_context(context);
+  for (const auto& [metric, value] : observation.metrics) {
+    if (!std::isfinite(value)) {
+      return Status(
+          Code::kInvalidArgument,
+          fmt::format("observation metric '{}' is {}; record only finite numbers", metric, value));
+    }
+  }
+  ContextObservation stored = observation;
+  stored.details = normalize_at(observation.details, "details");
+  const std::string key = context_key(normalized);
+  const fs::path path = path_for(normalized);
+  const WarningSink& warn = options_.warn;
+  auto update = [&](const std::optional<std::string>& current, std::string* next) -> Status {
+    ContextRecord record;
+    bool reused = false;
+    if (current) {
+      Status parsed = parse_context_record(*current, &record);
+      if (parsed.ok() && record.context != normalized)
+        parsed = data_loss("it holds another context");
+      if (parsed.ok()) {
+        reused = true;
+      } else {
+        fs::path kept = path;
+        kept += ".invalid";
+        warn(
+            fmt::format("replacing unreadable context profile '{}' ({}); the old content is "
+                        "kept in '{}'",
+                        path.string(), parsed.message(), kept.string()));
+        DDO_RETURN_IF_ERROR(write_file_atomic(kept, *current, {}));
+      }
+    }
+    if (!reused) {
+      record = ContextRecord{};
+      record.context = normalized;
+      record.context_key = key;
+    }
+    record.updated_at = utc_now_iso8601();
+    if (stored.recorded_at.empty()) stored.recorded_at = record.updated_at;
+    for (const auto& [metric, value] : stored.metrics) {
+      update_limits(record.capacity, metric, value, stored.success);
+    }
+    if (keep_history) {
+      record.observations.push_back(stored);
+      if (record.observations.size() > kMaxContextObservations) {
+        record.observations.erase(
+            record.observations.begin(),
+            record.observations.end() - static_cast<std::ptrdiff_t>(kMaxContextObservations));
+      }
+    }
+    *next = record.to_json().dump(2) + "\n";
+    return Status::ok_status();
+  };
+  return update_file_locked(path, update, options_.write);
+}
+
+CapacityLimits HostContextStore::read_capacity(const json& context) const {
+  std::optional<ContextRecord> record = load(context);
+  return record ? record->capacity : CapacityLimits{};
+}
+
+ContextRecommendation HostContextStore::read_recommendation(const json& context) const {
+  return recommend_from_capacity(read_capacity(context));
+}
+
+// ---------------------------------------------------------------------------------------------
+// DynamicOffloadProfileSession.
+// ---------------------------------------------------------------------------------------------
+
+DynamicOffloadProfileSession::DynamicOffloadProfileSession(HostContextStore store,
+                                                           const json& execution_context,
+                                                           const json& capacity_context)
+    : store_(std::move(store)),
+      execution_context_(normalize_at(execution_context, "execution_context")),
+      capacity_context_(normalize_at(capacity_context, "capacity_context")) {}
+
+std::string DynamicOffloadProfileSession::execution_key() const {
+  return context_key(execution_context_);
+}
+std::string DynamicOffloadProfileSession::capacity_key() const {
+  return context_key(capacity_context_);
+}
+fs::path DynamicOffloadProfileSession::execution_path() const {
+  return store_.path_for(execution_context_);
+}
+fs::path DynamicOffloadProfileSession::capacity_path() const {
+  return store_.path_for(capacity_context_);
+}
+
+Status DynamicOffloadProfileSession::record(const ContextObservation& observation) {
+  DDO_RETURN_IF_ERROR(store_.record_observation(execution_context_, observation, true));
+  // When both contexts are the same, the one file already holds the limits.
+  if (capacity_context_ == execution_context_) return Status::ok_status();
+  return store_.record_observation(capacity_context_, observation, /*keep_history=*/false);
+}
+
+std::optional<ContextRecord> DynamicOffloadProfileSession::execution_record() const {
+  return store_.load(execution_context_);
+}
+
+CapacityLimits DynamicOffloadProfileSession::capacity() const {
+  return store_.read_capacity(capacity_context_);
+}
+
+ContextRecommendation DynamicOffloadProfileSession::recommendation() const {
+  return recommend_from_capacity(capacity());
+}
+
+}  // namespace ddo::core

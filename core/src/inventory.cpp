@@ -1,0 +1,242 @@
+#include "ddo/core/inventory.h"
+
+#include <array>
+#include <set>
+#include <utility>
+
+namespace ddo::core {
+namespace {
+
+constexpr std::array<std::pair<ModuleKind, const char*>, 5> kModuleKindNames = {{
+    {ModuleKind::kLinear, "linear"},
+    {ModuleKind::kEmbedding, "embedding"},
+    {ModuleKind::kConv, "conv"},
+    {ModuleKind::kSdnq, "sdnq"},
+    {ModuleKind::kOther, "other"},
+}};
+
+constexpr std::array<std::pair<SdnqRole, const char*>, 7> kSdnqRoleNames = {{
+    {SdnqRole::kNone, "none"},
+    {SdnqRole::kPackedWeight, "packed_weight"},
+    {SdnqRole::kScale, "scale"},
+    {SdnqRole::kZeroPoint, "zero_point"},
+    {SdnqRole::kSvdUp, "svd_up"},
+    {SdnqRole::kSvdDown, "svd_down"},
+    {SdnqRole::kAuxiliary, "auxiliary"},
+}};
+
+template <typename Enum, std::size_t N>
+Status parse_name(const std::array<std::pair<Enum, const char*>, N>& table, std::string_view what,
+                  std::string_view text, Enum* out) {
+  std::string valid;
+  for (const auto& [value, name] : table) {
+    if (text == name) {
+      *out = value;
+      return Status::ok_status();
+    }
+    valid += valid.empty() ? "" : ", ";
+    valid += name;
+  }
+  return {Code::kInvalidArgument,
+          internal::str_cat(what, " '", text, "' is unknown; use one of: ", valid)};
+}
+
+// Reads an optional member with a default; a member of the wrong type is an error, never ignored.
+template <typename T>
+Status get_field(const nlohmann::json& object, const char* key, bool required, T* out,
+                 std::string_view where) {
+  auto it = object.find(key);
+  if (it == object.end()) {
+    if (required) {
+      return {Code::kInvalidArgument,
+              internal::str_cat(where, " has no '", key, "' member; add it")};
+    }
+    return Status::ok_status();
+  }
+  try {
+    *out = it->template get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    return {Code::kInvalidArgument,
+            internal::str_cat(where, " member '", key, "' has the wrong type (", it->type_name(),
+                              "): ", e.what())};
+  }
+  return Status::ok_status();
+}
+
+Status tensor_from_json(const nlohmann::json& json, std::string_view where, TensorInfo* out) {
+  if (!json.is_object()) {
+    return {Code::kInvalidArgument, internal::str_cat(where, " is not a JSON object")};
+  }
+  TensorInfo t;
+  DDO_RETURN_IF_ERROR(get_field(json, "name", true, &t.name, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "shape", false, &t.shape, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "dtype", false, &t.dtype, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "bytes", true, &t.bytes, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "is_parameter", false, &t.is_parameter, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "already_pinned", false, &t.already_pinned, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "on_device", false, &t.on_device, where));
+  std::string role = "none";
+  DDO_RETURN_IF_ERROR(get_field(json, "sdnq_role", false, &role, where));
+  DDO_RETURN_IF_ERROR(parse_sdnq_role(role, &t.sdnq_role));
+  *out = std::move(t);
+  return Status::ok_status();
+}
+
+Status module_from_json(const nlohmann::json& json, std::string_view where, ModuleInfo* out) {
+  if (!json.is_object()) {
+    return {Code::kInvalidArgument, internal::str_cat(where, " is not a JSON object")};
+  }
+  ModuleInfo m;
+  DDO_RETURN_IF_ERROR(get_field(json, "name", true, &m.name, where));
+  DDO_RETURN_IF_ERROR(get_field(json, "class_name", false, &m.class_name, where));
+  std::string kind = "other";
+  DDO_RETURN_IF_ERROR(get_field(json, "kind", false, &kind, where));
+  DDO_RETURN_IF_ERROR(parse_module_kind(kind, &m.kind));
+  DDO_RETURN_IF_ERROR(get_field(json, "is_leaf", false, &m.is_leaf, where));
+  auto tensors = json.find("tensors");
+  if (tensors != json.end()) {
+    if (!tensors->is_array()) {
+      return {Code::kInvalidArgument,
+              internal::str_cat(where, " member 'tensors' is not an array")};
+    }
+    for (std::size_t i = 0; i < tensors->size(); ++i) {
+      TensorInfo t;
+      DDO_RETURN_IF_ERROR(tensor_from_json(
+          (*tensors)[i], internal::str_cat("module '", m.name, "' tensor ", i), &t));
+      m.tensors.push_back(std::move(t));
+    }
+  }
+  *out = std::move(m);
+  return Status::ok_status();
+}
+
+}  // namespace
+
+const char* to_string(ModuleKind kind) {
+  for (const auto& [value, name] : kModuleKindNames) {
+    if (value == kind) return name;
+  }
+  return "other";
+}
+
+const char* to_string(SdnqRole role) {
+  for (const auto& [value, name] : kSdnqRoleNames) {
+    if (value == role) return name;
+  }
+  return "none";
+}
+
+Status parse_module_kind(std::string_view text, ModuleKind* out) {
+  return parse_name(kModuleKindNames, "module kind", text, out);
+}
+
+Status parse_sdnq_role(std::string_view text, SdnqRole* out) {
+  return parse_name(kSdnqRoleNames, "sdnq role", text, out);
+}
+
+bool is_within(std::string_view name, std::string_view ancestor) {
+  if (ancestor.empty()) return true;
+  if (name.size() < ancestor.size() || name.substr(0, ancestor.size()) != ancestor) return false;
+  return name.size() == ancestor.size() || name[ancestor.size()] == '.';
+}
+
+std::int64_t ModuleInfo::bytes() const {
+  std::int64_t total = 0;
+  for (const TensorInfo& t : tensors) total += t.bytes;
+  return total;
+}
+
+std::int64_t ModelInventory::total_bytes() const {
+  std::int64_t total = 0;
+  for (const ModuleInfo& m : modules) total += m.bytes();
+  return total;
+}
+
+const ModuleInfo* ModelInventory::find_module(std::string_view name) const {
+  auto index = module_index(name);
+  return index ? &modules[*index] : nullptr;
+}
+
+std::optional<std::size_t> ModelInventory::module_index(std::string_view name) const {
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    if (modules[i].name == name) return i;
+  }
+  return std::nullopt;
+}
+
+Status ModelInventory::validate() const {
+  std::set<std::string_view> seen;
+  for (const ModuleInfo& m : modules) {
+    if (!seen.insert(m.name).second) {
+      return {Code::kInvalidArgument,
+              internal::str_cat("module name '", m.name, "' appears twice in the inventory of ",
+                                model_class, "; names must be unique")};
+    }
+    std::set<std::string_view> tensor_names;
+    for (const TensorInfo& t : m.tensors) {
+      if (!tensor_names.insert(t.name).second) {
+        return {Code::kInvalidArgument,
+                internal::str_cat("tensor '", t.name, "' of module '", m.name, "' appears twice")};
+      }
+      if (t.bytes < 0) {
+        return {Code::kInvalidArgument,
+                internal::str_cat("tensor '", m.name, m.name.empty() ? "" : ".", t.name,
+                                  "' has bytes=", t.bytes, "; bytes must be >= 0")};
+      }
+      for (std::int64_t d : t.shape) {
+        if (d < 0) {
+          return {Code::kInvalidArgument,
+                  internal::str_cat("tensor '", m.name, m.name.empty() ? "" : ".", t.name,
+                                    "' has a negative dimension ", d)};
+        }
+      }
+    }
+  }
+  return Status::ok_status();
+}
+
+nlohmann::json ModelInventory::to_json() const {
+  nlohmann::json mods = nlohmann::json::array();
+  for (const ModuleInfo& m : modules) {
+    nlohmann::json tensors_json = nlohmann::json::array();
+    for (const TensorInfo& t : m.tensors) {
+      tensors_json.push_back({{"name", t.name},
+                              {"shape", t.shape},
+                              {"dtype", t.dtype},
+                              {"bytes", t.bytes},
+                              {"is_parameter", t.is_parameter},
+                              {"already_pinned", t.already_pinned},
+                              {"on_device", t.on_device},
+                              {"sdnq_role", to_string(t.sdnq_role)}});
+    }
+    mods.push_back({{"name", m.name},
+                    {"class_name", m.class_name},
+                    {"kind", to_string(m.kind)},
+                    {"is_leaf", m.is_leaf},
+                    {"tensors", std::move(tensors_json)}});
+  }
+  return {{"model_class", model_class}, {"modules", std::move(mods)}};
+}
+
+Status ModelInventory::from_json(const nlohmann::json& json, ModelInventory* out) {
+  if (!json.is_object()) {
+    return {Code::kInvalidArgument,
+            internal::str_cat("an inventory must be a JSON object, got ", json.type_name())};
+  }
+  ModelInventory inv;
+  DDO_RETURN_IF_ERROR(get_field(json, "model_class", false, &inv.model_class, "inventory"));
+  auto mods = json.find("modules");
+  if (mods == json.end() || !mods->is_array()) {
+    return {Code::kInvalidArgument, "inventory has no 'modules' array; add one"};
+  }
+  for (std::size_t i = 0; i < mods->size(); ++i) {
+    ModuleInfo m;
+    DDO_RETURN_IF_ERROR(module_from_json((*mods)[i], internal::str_cat("module ", i), &m));
+    inv.modules.push_back(std::move(m));
+  }
+  DDO_RETURN_IF_ERROR(inv.validate());
+  *out = std::move(inv);
+  return Status::ok_status();
+}
+
+}  // namespace ddo::core

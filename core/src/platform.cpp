@@ -1,0 +1,100 @@
+#include "ddo/core/platform.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+namespace ddo::core {
+namespace {
+
+std::string read_file(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+bool contains_ignore_case(std::string_view haystack, std::string_view needle) {
+  auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
+                        [](char a, char b) {
+                          return std::tolower(static_cast<unsigned char>(a)) ==
+                                 std::tolower(static_cast<unsigned char>(b));
+                        });
+  return it != haystack.end();
+}
+
+// Parses "<value> kB" (or a bare number of bytes, as some tables use) into bytes.
+std::optional<std::int64_t> parse_meminfo_value(std::string_view rest) {
+  std::size_t i = 0;
+  while (i < rest.size() && std::isspace(static_cast<unsigned char>(rest[i]))) ++i;
+  std::int64_t value = 0;
+  auto [end, ec] = std::from_chars(rest.data() + i, rest.data() + rest.size(), value);
+  if (ec != std::errc() || value < 0) return std::nullopt;
+  std::string_view unit(end, static_cast<std::size_t>(rest.data() + rest.size() - end));
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) {
+    unit.remove_prefix(1);
+  }
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.back()))) {
+    unit.remove_suffix(1);
+  }
+  if (unit.empty()) return value;
+  if (unit == "kB" || unit == "KB" || unit == "kb") return value * 1024;
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool detect_wsl(const EnvMap& env, std::string_view proc_version_text) {
+  if (env.count("WSL_DISTRO_NAME") != 0 || env.count("WSL_INTEROP") != 0) return true;
+  return contains_ignore_case(proc_version_text, "microsoft");
+}
+
+bool detect_wsl(const EnvMap& env) {
+  return detect_wsl(env, read_file("/proc/version"));
+}
+
+MemInfo parse_meminfo(std::string_view text) {
+  std::map<std::string, std::int64_t, std::less<>> values;
+  while (!text.empty()) {
+    const std::size_t newline = text.find('\n');
+    std::string_view line = text.substr(0, newline);
+    text.remove_prefix(newline == std::string_view::npos ? text.size() : newline + 1);
+    const std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    if (auto bytes = parse_meminfo_value(line.substr(colon + 1))) {
+      values[std::string(line.substr(0, colon))] = *bytes;
+    }
+  }
+  auto get = [&](std::string_view key) -> std::optional<std::int64_t> {
+    auto it = values.find(key);
+    if (it == values.end()) return std::nullopt;
+    return it->second;
+  };
+
+  MemInfo info;
+  info.total_bytes = get("MemTotal");
+  if (auto available = get("MemAvailable")) {
+    info.available_bytes = available;
+  } else if (auto free_bytes = get("MemFree")) {
+    info.available_bytes = *free_bytes + get("Buffers").value_or(0) + get("Cached").value_or(0) +
+                           get("SReclaimable").value_or(0);
+  }
+  return info;
+}
+
+MemInfo read_meminfo() {
+  return parse_meminfo(read_file("/proc/meminfo"));
+}
+
+std::optional<std::int64_t> detect_available_ram_bytes() {
+  return read_meminfo().available_bytes;
+}
+
+std::optional<std::int64_t> detect_total_ram_bytes() {
+  return read_meminfo().total_bytes;
+}
+
+}  // namespace ddo::core

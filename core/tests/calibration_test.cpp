@@ -1,0 +1,455 @@
+#include "ddo/core/calibration.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+namespace ddo::core {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::int64_t bytes(double gib) {
+  return static_cast<std::int64_t>(std::llround(gib * kGiB));
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A region whose peak is `peak_gb`, reached through the allocator term: 0.5 GiB of context at the
+// start plus an allocator peak of peak - 0.5, with driver samples below it.
+RegionResult region_peaking_at(double peak_gb) {
+  RegionResult r;
+  r.exited_normally = true;
+  r.inputs.driver_used_start_bytes = bytes(0.5);
+  r.inputs.allocator_reserved_start_bytes = 0;
+  r.inputs.allocator_peak_reserved_bytes = bytes(peak_gb - 0.5);
+  r.inputs.driver_used_end_bytes = bytes(0.6);
+  r.inputs.driver_used_samples_bytes = {bytes(1.0), bytes(peak_gb - 0.25)};
+  return r;
+}
+
+constexpr DeviceFacts kCard8{.is_cuda_like = true, .total_vram_bytes = 8LL << 30};
+
+class CalibrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           (std::string("ddo-calibration-") + info->name() + "-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    config_.execution_device = "cuda:0";
+    config_.execution_mode = ExecutionMode::kLinearRuntime;
+    config_.profile_name = "my-workload";
+    config_.profile_vram_headroom_gb = 1.0;
+    config_.max_resident_module_budget_gb = 6.0;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  ProfileStore store() {
+    ProfileStoreOptions options;
+    options.directory = dir_;
+    options.warn = [this](const std::string& m) { warnings_.push_back(m); };
+    return ProfileStore(std::move(options));
+  }
+
+  // Calibrates with the current config and a region peaking at `peak_gb`; returns the report.
+  ProfileReport calibrate(double peak_gb, const DeviceFacts& device = kCard8) {
+    ProfileStore s = store();
+    DynamicOffloadConfig config = config_;
+    config.build_profile = true;
+    PreparedProfile prepared = prepare_profile(config, kClass, s, device);
+    EXPECT_EQ(prepared.status, ProfileStatus::kCalibrating);
+    EXPECT_EQ(prepared.region, RegionAction::kCalibrate);
+    EXPECT_EQ(prepared.resident_budget_gb, 0.0);
+    ProfileReport report;
+    EXPECT_TRUE(finish_region(prepared, region_peaking_at(peak_gb), s, &report).ok());
+    return report;
+  }
+
+  static constexpr std::string_view kClass = "demo::Transformer";
+  fs::path dir_;
+  DynamicOffloadConfig config_;
+  std::vector<std::string> warnings_;
+};
+
+// ---- Peak rule and recommendation math ----------------------------------------------------
+
+TEST(MeasurePeakTest, DriverSamplesWinWhenHigher) {
+  MeasurementInputs in;
+  in.driver_used_start_bytes = bytes(1.0);
+  in.allocator_reserved_start_bytes = bytes(0.2);
+  in.allocator_peak_reserved_bytes = bytes(4.0);
+  in.driver_used_end_bytes = bytes(1.5);
+  in.driver_used_samples_bytes = {bytes(3.0), bytes(5.0), bytes(2.0)};
+  Measurement m = measure_peak(in);
+  EXPECT_EQ(m.driver_peak_bytes, bytes(5.0));
+  EXPECT_EQ(m.initial_non_allocator_bytes, bytes(0.8));
+  EXPECT_EQ(m.peak_bytes, bytes(5.0));  // 5.0 > 4.0 + 0.8
+  EXPECT_EQ(m.samples, 5);
+}
+
+TEST(MeasurePeakTest, AllocatorPeakPlusInitialNonAllocatorWinsWhenHigher) {
+  MeasurementInputs in;
+  in.driver_used_start_bytes = bytes(1.0);
+  in.allocator_reserved_start_bytes = bytes(0.2);
+  in.allocator_peak_reserved_bytes = bytes(4.5);
+  in.driver_used_end_bytes = bytes(1.0);
+  Measurement m = measure_peak(in);
+  EXPECT_EQ(m.peak_bytes, bytes(5.3));
+  json j = m.to_json();
+  EXPECT_NEAR(j["driver_peak_gb"].get<double>(), 1.0, 1e-9);
+  EXPECT_NEAR(j["allocator_peak_reserved_gb"].get<double>(), 4.5, 1e-9);
+  EXPECT_NEAR(j["initial_non_allocator_gb"].get<double>(), 0.8, 1e-9);
+  EXPECT_EQ(j["samples"], 2);
+}
+
+TEST(MeasurePeakTest, InitialNonAllocatorUsageIsClampedAtZero) {
+  MeasurementInputs in;
+  in.driver_used_start_bytes = bytes(0.5);
+  in.allocator_reserved_start_bytes = bytes(1.0);  // readings raced: reserved > used
+  in.allocator_peak_reserved_bytes = bytes(2.0);
+  EXPECT_EQ(measure_peak(in).initial_non_allocator_bytes, 0);
+  EXPECT_EQ(measure_peak(in).peak_bytes, bytes(2.0));
+}
+
+TEST(RecommendationMathTest, BudgetIsTotalMinusPeakMinusHeadroomNeverNegative) {
+  EXPECT_DOUBLE_EQ(recommend_resident_budget_gb(8, 6, 1), 1.0);
+  EXPECT_DOUBLE_EQ(recommend_resident_budget_gb(8, 7.5, 1), 0.0);
+  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(6, 8, 1), 6.0);
+  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(0, 24, 1), kSdnqDefaultProbeCeilingGb);
+  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(10, 8, 1), 7.0);  // never above total - headroom
+  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(6, 4, 1), 3.0);
+}
+
+TEST(RecommendationMathTest, SdnqSafeBelowTwoGibDoesNotProbe) {
+  ProfileRecommendation r = recommend_after_calibration(true, 8, 5.1, 1, 6);  // safe 1.9
+  EXPECT_EQ(r.profile_measurement_kind, kKindSdnqBaselineSafe);
+  EXPECT_NEAR(r.resident_budget_gb, 1.9, 1e-9);
+}
+
+TEST(RecommendationMathTest, SdnqSafeAtOrAboveCeilingDoesNotProbe) {
+  // 24 GiB card, peak 4: safe 19 >= ceiling 6.
+  ProfileRecommendation r = recommend_after_calibration(true, 24, 4, 1, 6);
+  EXPECT_EQ(r.profile_measurement_kind, kKindSdnqBaselineSafe);
+  EXPECT_DOUBLE_EQ(r.resident_budget_gb, 19.0);
+  EXPECT_FALSE(r.probe_pending);
+}
+
+TEST(RecommendationMathTest, ProbeResultIsClampedAtZero) {
+  ProfileRecommendation r = recommend_after_probe(6, 8, 20, 1);
+  EXPECT_EQ(r.profile_measurement_kind, kKindSdnqProbe);
+  EXPECT_DOUBLE_EQ(r.resident_budget_gb, 0.0);
+  EXPECT_DOUBLE_EQ(recommend_after_probe(6, 8, 6.5, 1).resident_budget_gb, 6.0);  // it fit
+}
+
+// ---- Worked cases (8 GiB card, 1 GiB headroom) --------------------------------------------
+
+TEST_F(CalibrationTest, DensePeakSixGivesOneGib) {
+  ProfileReport report = calibrate(6.0);
+  EXPECT_EQ(report.status, ProfileStatus::kSaved);
+  EXPECT_NEAR(*report.resident_budget_gb, 1.0, 1e-9);
+  EXPECT_EQ(report.profile_measurement_kind, "baseline");
+  EXPECT_NEAR(*report.peak_vram_gb, 6.0, 1e-9);
+  EXPECT_NEAR(*report.total_vram_gb, 8.0, 1e-9);
+  EXPECT_NEAR(*report.headroom_gb, 1.0, 1e-9);
+
+  json j = report.to_json();
+  EXPECT_EQ(j["name"], "my-workload");
+  EXPECT_EQ(j["status"], "saved");
+  EXPECT_EQ(j["profile_measurement_kind"], "baseline");
+  EXPECT_TRUE(j["path"].get<std::string>().ends_with(".json"));
+  EXPECT_TRUE(j["measurement"].contains("driver_peak_gb"));
+  EXPECT_TRUE(j["measurement"].contains("allocator_peak_reserved_gb"));
+  EXPECT_TRUE(j["measurement"].contains("initial_non_allocator_gb"));
+  EXPECT_EQ(j["measurement"]["samples"], 4);
+  EXPECT_NO_THROW((void)j.dump());  // JSON-safe
+
+  // The next normal run applies it during setup; its region is a no-op.
+  ProfileStore s = store();
+  PreparedProfile next = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(next.status, ProfileStatus::kApplied);
+  EXPECT_EQ(next.region, RegionAction::kNone);
+  EXPECT_NEAR(*next.resident_budget_gb, 1.0, 1e-9);
+  EXPECT_EQ(next.report.to_json()["status"], "applied");
+}
+
+TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplacesIt) {
+  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  ProfileReport baseline = calibrate(4.5);  // safe 2.5 GiB: >= 2 and < ceiling 6
+  EXPECT_EQ(baseline.status, ProfileStatus::kSaved);
+  EXPECT_EQ(baseline.profile_measurement_kind, "sdnq_baseline_probe_pending");
+  EXPECT_NEAR(*baseline.resident_budget_gb, 6.0, 1e-9);
+  bool says_not_validated = false;
+  for (const std::string& note : baseline.notes) {
+    says_not_validated |= note.find("not a validated resident run") != std::string::npos;
+  }
+  EXPECT_TRUE(says_not_validated);
+  {
+    std::optional<ProfileRecord> record = store().load({"my-workload", std::string(kClass)});
+    ASSERT_TRUE(record && record->recommendation);
+    EXPECT_TRUE(record->recommendation->probe_pending);
+    EXPECT_NEAR(*record->recommendation->safe_budget_gb, 2.5, 1e-9);
+  }
+
+  // The next normal run probes the ceiling.
+  ProfileStore s = store();
+  PreparedProfile probing = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(probing.status, ProfileStatus::kProbing);
+  EXPECT_EQ(probing.region, RegionAction::kProbe);
+  EXPECT_NEAR(*probing.resident_budget_gb, 6.0, 1e-9);
+  EXPECT_EQ(probing.report.to_json()["status"], "probing");
+
+  ProfileReport probed;
+  ASSERT_TRUE(finish_region(probing, region_peaking_at(8.2), s, &probed).ok());
+  EXPECT_EQ(probed.status, ProfileStatus::kSaved);
+  EXPECT_EQ(probed.profile_measurement_kind, "sdnq_probe");
+  EXPECT_NEAR(*probed.resident_budget_gb, 4.8, 1e-9);  // 6 - (8.2 - 7)
+
+  PreparedProfile after = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(after.status, ProfileStatus::kApplied);
+  EXPECT_EQ(after.region, RegionAction::kNone);
+  EXPECT_NEAR(*after.resident_budget_gb, 4.8, 1e-9);
+  std::optional<ProfileRecord> record = s.load({"my-workload", std::string(kClass)});
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->observations.size(), 2u);
+  EXPECT_FALSE(record->recommendation->probe_pending);
+  // The probe at 6 GiB overshot total - headroom: recorded as a capacity failure.
+  EXPECT_EQ(record->capacity.at("resident_budget_gb").min_failure, 6.0);
+}
+
+TEST_F(CalibrationTest, SdnqBaselineWithLittleRoomIsSafe) {
+  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  ProfileReport report = calibrate(6.17);
+  EXPECT_EQ(report.profile_measurement_kind, "sdnq_baseline_safe");
+  EXPECT_NEAR(*report.resident_budget_gb, 0.83, 1e-6);
+}
+
+TEST_F(CalibrationTest, ManualBudgetBeatsASavedRecommendation) {
+  calibrate(6.0);  // saves 1 GiB
+  config_.resident_module_budget_gb = 2.0;
+  ProfileStore s = store();
+  PreparedProfile prepared = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_NEAR(*prepared.resident_budget_gb, 2.0, 1e-9);
+  EXPECT_EQ(prepared.region, RegionAction::kNone);
+  json j = prepared.report.to_json();
+  EXPECT_EQ(j["budget_source"], "manual");
+  EXPECT_NEAR(j["recommended_budget_gb"].get<double>(), 1.0, 1e-9);
+  ASSERT_EQ(j["notes"].size(), 1u);
+  EXPECT_NE(j["notes"][0].get<std::string>().find("overrides"), std::string::npos);
+}
+
+TEST_F(CalibrationTest, ManualBudgetIsIgnoredWhileCalibrating) {
+  config_.resident_module_budget_gb = 2.0;
+  ProfileReport report = calibrate(6.0);
+  EXPECT_NEAR(*report.resident_budget_gb, 1.0, 1e-9);
+}
+
+TEST_F(CalibrationTest, MaxBudgetCapsAReusedRecommendation) {
+  const DeviceFacts card24{.is_cuda_like = true, .total_vram_bytes = 24LL << 30};
+  calibrate(4.0, card24);  // saves 19 GiB
+  ProfileStore s = store();
+  PreparedProfile capped = prepare_profile(config_, kClass, s, card24);
+  EXPECT_NEAR(*capped.resident_budget_gb, 6.0, 1e-9);
+  EXPECT_NEAR(*capped.report.recommended_budget_gb, 19.0, 1e-9);
+  config_.max_resident_module_budget_gb = 0.0;  // uncapped
+  EXPECT_NEAR(*prepare_profile(config_, kClass, s, card24).resident_budget_gb, 19.0, 1e-9);
+}
+
+TEST_F(CalibrationTest, ExceptionInsideTheRegionLeavesTheProfileByteForByte) {
+  calibrate(6.0);
+  ProfileStore s = store();
+  const fs::path path = s.path_for({"my-workload", std::string(kClass)});
+  const std::string before = read_all(path);
+  ASSERT_FALSE(before.empty());
+
+  DynamicOffloadConfig config = config_;
+  config.build_profile = true;
+  PreparedProfile prepared = prepare_profile(config, kClass, s, kCard8);
+  RegionResult aborted = region_peaking_at(3.0);
+  aborted.exited_normally = false;
+  ProfileReport report;
+  EXPECT_TRUE(finish_region(prepared, aborted, s, &report).ok());
+  EXPECT_EQ(report.status, ProfileStatus::kFailed);
+  EXPECT_EQ(report.to_json()["status"], "failed");
+  EXPECT_EQ(read_all(path), before);
+}
+
+TEST_F(CalibrationTest, AbortedProbeKeepsThePendingProbe) {
+  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  calibrate(4.5);
+  ProfileStore s = store();
+  const std::string before = read_all(s.path_for({"my-workload", std::string(kClass)}));
+  PreparedProfile probing = prepare_profile(config_, kClass, s, kCard8);
+  ASSERT_EQ(probing.status, ProfileStatus::kProbing);
+  ProfileReport report;
+  EXPECT_TRUE(finish_region(probing, RegionResult{}, s, &report).ok());
+  EXPECT_EQ(read_all(s.path_for({"my-workload", std::string(kClass)})), before);
+  EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kProbing);
+}
+
+TEST_F(CalibrationTest, PendingProbeOnADenseRunAppliesTheSafeBudget) {
+  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  calibrate(4.5);
+  config_.execution_mode = ExecutionMode::kLinearRuntime;
+  ProfileStore s = store();
+  PreparedProfile prepared = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(prepared.status, ProfileStatus::kApplied);
+  EXPECT_NEAR(*prepared.resident_budget_gb, 2.5, 1e-9);
+}
+
+// ---- Statuses ----------------------------------------------------------------------------
+
+TEST_F(CalibrationTest, NoNameIsDisabledAndNoRecordIsMissing) {
+  ProfileStore s = store();
+  DynamicOffloadConfig config = config_;
+  config.profile_name.clear();
+  PreparedProfile disabled = prepare_profile(config, kClass, s, kCard8);
+  EXPECT_EQ(disabled.status, ProfileStatus::kDisabled);
+  EXPECT_FALSE(disabled.resident_budget_gb.has_value());
+  EXPECT_EQ(disabled.report.to_json()["status"], "disabled");
+
+  PreparedProfile missing = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(missing.status, ProfileStatus::kMissing);
+  EXPECT_EQ(missing.region, RegionAction::kNone);
+  EXPECT_FALSE(missing.resident_budget_gb.has_value());
+  EXPECT_EQ(missing.report.to_json()["status"], "missing");
+  ProfileReport report;
+  EXPECT_TRUE(finish_region(missing, region_peaking_at(5), s, &report).ok());
+  EXPECT_EQ(report.status, ProfileStatus::kMissing);
+  EXPECT_FALSE(fs::exists(missing.record_path));
+}
+
+TEST_F(CalibrationTest, ACorruptProfileIsMissingWithAWarning) {
+  fs::create_directories(dir_);
+  ProfileStore s = store();
+  std::ofstream(s.path_for({"my-workload", std::string(kClass)})) << "{\"schema_version\": 1";
+  PreparedProfile prepared;
+  EXPECT_NO_THROW(prepared = prepare_profile(config_, kClass, s, kCard8));
+  EXPECT_EQ(prepared.status, ProfileStatus::kMissing);
+  EXPECT_EQ(warnings_.size(), 1u);
+}
+
+TEST_F(CalibrationTest, SaveFailureIsReportedAndReturned) {
+  fs::create_directories(dir_.parent_path());
+  std::ofstream(dir_) << "not a directory";
+  ProfileStore s = store();
+  DynamicOffloadConfig config = config_;
+  config.build_profile = true;
+  PreparedProfile prepared = prepare_profile(config, kClass, s, kCard8);
+  ProfileReport report;
+  Status status = finish_region(prepared, region_peaking_at(6), s, &report);
+  EXPECT_EQ(status.code(), Code::kUnavailable);
+  EXPECT_EQ(report.status, ProfileStatus::kFailed);
+  ASSERT_TRUE(report.error.has_value());
+  EXPECT_NE(report.error->find("DDO_PROFILE_DIR"), std::string::npos);
+}
+
+// ---- Bad input ---------------------------------------------------------------------------
+
+Code prepare_error(const DynamicOffloadConfig& config, std::string_view model_class,
+                   const ProfileStore& store, const DeviceFacts& device, std::string* message) {
+  try {
+    (void)prepare_profile(config, model_class, store, device);
+  } catch (const Error& e) {
+    *message = e.what();
+    return e.code();
+  }
+  return Code::kOk;
+}
+
+TEST_F(CalibrationTest, CalibrationErrorsSayWhatToChange) {
+  ProfileStore s = store();
+  DynamicOffloadConfig base = config_;
+  base.build_profile = true;
+  std::string message;
+
+  DynamicOffloadConfig c = base;
+  c.profile_name = "";
+  EXPECT_EQ(prepare_error(c, kClass, s, kCard8, &message), Code::kInvalidArgument);
+  EXPECT_NE(message.find("profile_name"), std::string::npos) << message;
+
+  c = base;
+  c.profile_name = " \t\n";
+  EXPECT_EQ(prepare_error(c, kClass, s, kCard8, &message), Code::kInvalidArgument);
+  EXPECT_NE(message.find("whitespace"), std::string::npos) << message;
+
+  c = base;
+  c.execution_device = "cpu";
+  EXPECT_EQ(prepare_error(c, kClass, s, {.is_cuda_like = false, .total_vram_bytes = 0}, &message),
+            Code::kFailedPrecondition);
+  EXPECT_NE(message.find("'cpu'"), std::string::npos) << message;
+
+  c = base;
+  c.execution_mode = ExecutionMode::kPlan;
+  EXPECT_EQ(prepare_error(c, kClass, s, kCard8, &message), Code::kFailedPrecondition);
+  EXPECT_NE(message.find("plan"), std::string::npos) << message;
+
+  c = base;
+  c.route = Route::kGroupBlock;
+  EXPECT_EQ(prepare_error(c, kClass, s, kCard8, &message), Code::kFailedPrecondition);
+  EXPECT_NE(message.find("dynamic"), std::string::npos) << message;
+
+  for (double headroom :
+       {-1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    c = base;
+    c.profile_vram_headroom_gb = headroom;
+    EXPECT_EQ(prepare_error(c, kClass, s, kCard8, &message), Code::kInvalidArgument) << headroom;
+    EXPECT_NE(message.find("profile_vram_headroom_gb"), std::string::npos) << message;
+  }
+
+  EXPECT_EQ(prepare_error(base, "  ", s, kCard8, &message), Code::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir_)) << "a refused calibration must not create files";
+}
+
+TEST_F(CalibrationTest, SimAndCudaDevicesMayCalibrate) {
+  ProfileStore s = store();
+  DynamicOffloadConfig c = config_;
+  c.build_profile = true;
+  for (const char* device : {"cuda", "cuda:1", "sim", "sim:0"}) {
+    c.execution_device = device;
+    EXPECT_EQ(prepare_profile(c, kClass, s, kCard8).status, ProfileStatus::kCalibrating) << device;
+  }
+  c.execution_device = "cuda:x";
+  EXPECT_THROW((void)prepare_profile(c, kClass, s, kCard8), Error);
+  c.execution_device = "cuda:0";
+  EXPECT_THROW((void)prepare_profile(c, kClass, s, {.is_cuda_like = false}), Error);
+}
+
+TEST(NormalizeDeviceTest, Spellings) {
+  EXPECT_EQ(normalize_calibration_device("cuda"), "cuda:0");
+  EXPECT_EQ(normalize_calibration_device("cuda:00"), "cuda:0");
+  EXPECT_EQ(normalize_calibration_device("cuda:12"), "cuda:12");
+  EXPECT_EQ(normalize_calibration_device("sim"), "sim:0");
+  EXPECT_EQ(normalize_calibration_device("sim:3"), "sim:3");
+  EXPECT_FALSE(normalize_calibration_device("cpu").has_value());
+  EXPECT_FALSE(normalize_calibration_device("cuda:").has_value());
+  EXPECT_FALSE(normalize_calibration_device("cudax").has_value());
+  EXPECT_FALSE(normalize_calibration_device("mps").has_value());
+}
+
+TEST(CalibrationRegionLockTest, NestedRegionsOnOneDeviceAreRefused) {
+  CalibrationRegionLock outer = CalibrationRegionLock::acquire("cuda:0");
+  try {
+    (void)CalibrationRegionLock::acquire("cuda");  // same device, other spelling
+    FAIL() << "a nested region was allowed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos);
+  }
+  CalibrationRegionLock other = CalibrationRegionLock::acquire("cuda:1");  // another device
+  CalibrationRegionLock moved = std::move(outer);
+  EXPECT_THROW((void)CalibrationRegionLock::acquire("cuda:0"), Error);
+  { CalibrationRegionLock released = std::move(moved); }
+  EXPECT_NO_THROW((void)CalibrationRegionLock::acquire("cuda:0"));
+}
+
+}  // namespace
+}  // namespace ddo::core

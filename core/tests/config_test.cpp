@@ -1,0 +1,296 @@
+#include "ddo/core/config.h"
+
+#include <cmath>
+#include <limits>
+#include <regex>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace ddo::core {
+namespace {
+
+using nlohmann::json;
+
+TEST(ConfigDefaults, MatchSpecTable) {
+  const DynamicOffloadConfig c;
+  EXPECT_EQ(c.execution_device, "cuda:0");
+  EXPECT_EQ(c.offload_device, "cpu");
+  EXPECT_TRUE(c.skip_modules_pattern.empty());
+  ASSERT_EQ(c.always_resident_modules_pattern.size(), 1u);
+  EXPECT_EQ(c.small_tensor_threshold_bytes, 16 * 1024);
+  EXPECT_EQ(c.execution_mode, ExecutionMode::kPlan);
+  EXPECT_EQ(c.route, Route::kDynamic);
+  EXPECT_FALSE(c.pin_cpu_memory);
+  EXPECT_TRUE(c.allow_pin_memory_fallback);
+  EXPECT_EQ(c.pin_cpu_workers, 1);
+  EXPECT_TRUE(c.cache_plan);
+  EXPECT_FALSE(c.cache_pinned_weights);
+  EXPECT_EQ(c.pinned_weight_cache_namespace, "");
+  EXPECT_EQ(c.auto_budget_policy, AutoBudgetPolicy::kOff);
+  EXPECT_EQ(c.max_resident_module_budget_gb, 6.0);
+  EXPECT_EQ(c.auto_vram_headroom_gb, 0.0);
+  EXPECT_EQ(c.profile_vram_headroom_gb, 1.0);
+  EXPECT_EQ(c.max_pin_weight_budget_gb, 0.0);
+  EXPECT_FALSE(c.available_system_ram_gb.has_value());
+  EXPECT_EQ(c.system_ram_headroom_gb, 6.0);
+  EXPECT_EQ(c.pin_weight_budget_gb, 0.0);
+  EXPECT_EQ(c.pin_weight_budget_ratio, 0.0);
+  EXPECT_EQ(c.pin_weight_selection, Selection::kSpread);
+  EXPECT_EQ(c.resident_module_selection, Selection::kSpread);
+  EXPECT_EQ(c.resident_module_budget_gb, 0.0);
+  EXPECT_TRUE(c.resident_module_patterns.empty());
+  EXPECT_EQ(c.profile_name, "");
+  EXPECT_FALSE(c.build_profile);
+  EXPECT_EQ(c.load_safetensors_backend, "");
+  EXPECT_FALSE(c.verbose);
+  EXPECT_TRUE(c.show_profile);
+  EXPECT_TRUE(c.disable_pin_on_wsl);
+  EXPECT_TRUE(c.use_side_streams);
+  EXPECT_TRUE(validate_config(c).ok());
+}
+
+TEST(ConfigDefaults, AlwaysResidentPatternMatchesDottedComponents) {
+  const std::regex re(DynamicOffloadConfig{}.always_resident_modules_pattern.front());
+  for (const char* name : {"proj_in", "time_embed", "prompt_adaln", "norm_out", "proj_out",
+                           "transformer.proj_out", "blocks.3.norm_out.linear"}) {
+    EXPECT_TRUE(std::regex_search(name, re)) << name;
+  }
+  for (const char* name : {"proj_input", "my_proj_in", "blocks.0.attn.to_q"}) {
+    EXPECT_FALSE(std::regex_search(name, re)) << name;
+  }
+}
+
+TEST(ConfigEnums, RoundTripEverySpelling) {
+  for (auto mode :
+       {ExecutionMode::kPlan, ExecutionMode::kLinearRuntime, ExecutionMode::kSdnqRuntime}) {
+    ExecutionMode parsed{};
+    ASSERT_TRUE(parse_execution_mode(to_string(mode), &parsed).ok());
+    EXPECT_EQ(parsed, mode);
+  }
+  for (auto route :
+       {Route::kDynamic, Route::kGroupBlock, Route::kGroupLeaf, Route::kDeviceMove, Route::kNone}) {
+    Route parsed{};
+    ASSERT_TRUE(parse_route(to_string(route), &parsed).ok());
+    EXPECT_EQ(parsed, route);
+  }
+  for (auto policy : {AutoBudgetPolicy::kOff, AutoBudgetPolicy::kBalanced}) {
+    AutoBudgetPolicy parsed{};
+    ASSERT_TRUE(parse_auto_budget_policy(to_string(policy), &parsed).ok());
+    EXPECT_EQ(parsed, policy);
+  }
+  for (auto selection : {Selection::kFirst, Selection::kSpread, Selection::kLargest}) {
+    Selection parsed{};
+    ASSERT_TRUE(parse_selection(to_string(selection), &parsed).ok());
+    EXPECT_EQ(parsed, selection);
+  }
+}
+
+TEST(ConfigEnums, SpecSpellings) {
+  EXPECT_STREQ(to_string(ExecutionMode::kPlan), "plan");
+  EXPECT_STREQ(to_string(ExecutionMode::kLinearRuntime), "linear_runtime");
+  EXPECT_STREQ(to_string(ExecutionMode::kSdnqRuntime), "sdnq_runtime");
+  EXPECT_STREQ(to_string(Route::kDynamic), "dynamic");
+  EXPECT_STREQ(to_string(Route::kGroupBlock), "group_block");
+  EXPECT_STREQ(to_string(Route::kGroupLeaf), "group_leaf");
+  EXPECT_STREQ(to_string(Route::kDeviceMove), "device");
+  EXPECT_STREQ(to_string(Route::kNone), "none");
+  EXPECT_STREQ(to_string(AutoBudgetPolicy::kOff), "off");
+  EXPECT_STREQ(to_string(AutoBudgetPolicy::kBalanced), "balanced");
+  EXPECT_STREQ(to_string(Selection::kFirst), "first");
+  EXPECT_STREQ(to_string(Selection::kSpread), "spread");
+  EXPECT_STREQ(to_string(Selection::kLargest), "largest");
+}
+
+TEST(ConfigEnums, ParseIsCaseInsensitiveAndTrims) {
+  ExecutionMode mode{};
+  ASSERT_TRUE(parse_execution_mode("  Linear_Runtime ", &mode).ok());
+  EXPECT_EQ(mode, ExecutionMode::kLinearRuntime);
+}
+
+TEST(ConfigEnums, UnknownSpellingListsValidOnesAndLeavesOutput) {
+  Selection selection = Selection::kFirst;
+  Status s = parse_selection("biggest", &selection);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"biggest\""), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("first, spread, largest"), std::string::npos) << s.message();
+  EXPECT_EQ(selection, Selection::kFirst);
+
+  Route route = Route::kDynamic;
+  s = parse_route("group", &route);
+  EXPECT_NE(s.message().find("dynamic, group_block, group_leaf, device, none"), std::string::npos)
+      << s.message();
+  ExecutionMode mode{};
+  s = parse_execution_mode("linear", &mode);
+  EXPECT_NE(s.message().find("plan, linear_runtime, sdnq_runtime"), std::string::npos);
+  AutoBudgetPolicy policy{};
+  s = parse_auto_budget_policy("on", &policy);
+  EXPECT_NE(s.message().find("off, balanced"), std::string::npos);
+}
+
+TEST(ConfigJson, HasEveryFieldWithTypedValues) {
+  DynamicOffloadConfig c;
+  const json j = config_to_json(c);
+  const std::vector<std::string> names = config_field_names();
+  EXPECT_EQ(j.size(), names.size());
+  EXPECT_EQ(names.size(), 39u);  // update when a field is added to the struct and the table
+  for (const std::string& name : names) EXPECT_TRUE(j.contains(name)) << name;
+  EXPECT_EQ(j.at("execution_mode"), "plan");
+  EXPECT_EQ(j.at("route"), "dynamic");
+  EXPECT_EQ(j.at("auto_budget_policy"), "off");
+  EXPECT_EQ(j.at("pin_weight_selection"), "spread");
+  EXPECT_TRUE(j.at("available_system_ram_gb").is_null());
+  EXPECT_EQ(j.at("small_tensor_threshold_bytes"), 16384);
+  EXPECT_EQ(j.at("show_profile"), true);
+  EXPECT_TRUE(j.at("skip_modules_pattern").is_array());
+  c.available_system_ram_gb = 12.5;
+  EXPECT_EQ(config_to_json(c).at("available_system_ram_gb"), 12.5);
+}
+
+TEST(ConfigJson, RoundTripsThroughOverrides) {
+  DynamicOffloadConfig a;
+  a.execution_mode = ExecutionMode::kSdnqRuntime;
+  a.route = Route::kGroupLeaf;
+  a.pin_cpu_workers = 3;
+  a.available_system_ram_gb = 20;
+  a.resident_module_patterns = {"auto", R"(blocks\.\d+)"};
+  a.load_safetensors_backend = "pread";
+  a.sim_pinnable_gb = 2.0;
+  DynamicOffloadConfig b;
+  ASSERT_TRUE(apply_overrides(&b, config_to_json(a)).ok());
+  EXPECT_EQ(config_to_json(a), config_to_json(b));
+}
+
+TEST(ConfigOverrides, SetsEveryKind) {
+  DynamicOffloadConfig c;
+  const Status s = apply_overrides(&c, {{"pin_cpu_memory", true},
+                                        {"pin_cpu_workers", 4},
+                                        {"small_tensor_threshold_bytes", 1048576.0},
+                                        {"resident_module_budget_gb", 3},
+                                        {"profile_vram_headroom_gb", 0.5},
+                                        {"available_system_ram_gb", 24},
+                                        {"pinned_weight_cache_namespace", "ns"},
+                                        {"skip_modules_pattern", {"vae", "lora"}},
+                                        {"resident_module_patterns", "auto"},
+                                        {"execution_mode", "linear_runtime"},
+                                        {"route", "group_block"},
+                                        {"auto_budget_policy", "balanced"},
+                                        {"resident_module_selection", "largest"},
+                                        {"pin_weight_selection", "first"}});
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(c.pin_cpu_memory);
+  EXPECT_EQ(c.pin_cpu_workers, 4);
+  EXPECT_EQ(c.small_tensor_threshold_bytes, 1048576);
+  EXPECT_EQ(c.resident_module_budget_gb, 3.0);
+  EXPECT_EQ(c.profile_vram_headroom_gb, 0.5);
+  EXPECT_EQ(c.available_system_ram_gb, 24.0);
+  EXPECT_EQ(c.pinned_weight_cache_namespace, "ns");
+  EXPECT_EQ(c.skip_modules_pattern, (std::vector<std::string>{"vae", "lora"}));
+  EXPECT_EQ(c.resident_module_patterns, (std::vector<std::string>{"auto"}));
+  EXPECT_EQ(c.execution_mode, ExecutionMode::kLinearRuntime);
+  EXPECT_EQ(c.route, Route::kGroupBlock);
+  EXPECT_EQ(c.auto_budget_policy, AutoBudgetPolicy::kBalanced);
+  EXPECT_EQ(c.resident_module_selection, Selection::kLargest);
+  EXPECT_EQ(c.pin_weight_selection, Selection::kFirst);
+
+  ASSERT_TRUE(apply_overrides(&c, {{"available_system_ram_gb", nullptr}}).ok());
+  EXPECT_FALSE(c.available_system_ram_gb.has_value());
+}
+
+TEST(ConfigOverrides, NullAndEmptyObjectChangeNothing) {
+  DynamicOffloadConfig c;
+  EXPECT_TRUE(apply_overrides(&c, json(nullptr)).ok());
+  EXPECT_TRUE(apply_overrides(&c, json::object()).ok());
+  EXPECT_EQ(config_to_json(c), config_to_json(DynamicOffloadConfig{}));
+}
+
+TEST(ConfigOverrides, RejectsNonObject) {
+  DynamicOffloadConfig c;
+  const Status s = apply_overrides(&c, json::array({1, 2}));
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("object"), std::string::npos);
+}
+
+TEST(ConfigOverrides, UnknownNamesAreAllListedWithSuggestions) {
+  DynamicOffloadConfig c;
+  const Status s = apply_overrides(
+      &c, {{"pin_memory", true}, {"verbos", true}, {"zzzz_qqqq_xxxx", 1}, {"verbose", true}});
+  ASSERT_EQ(s.code(), Code::kInvalidArgument);
+  const std::string& m = s.message();
+  EXPECT_NE(m.find("\"pin_memory\""), std::string::npos) << m;
+  EXPECT_NE(m.find("\"verbos\" (did you mean \"verbose\"?)"), std::string::npos) << m;
+  EXPECT_NE(m.find("\"zzzz_qqqq_xxxx\""), std::string::npos) << m;
+  EXPECT_NE(m.find("did you mean \"pin_cpu_memory\""), std::string::npos) << m;
+  EXPECT_NE(m.find("valid fields: execution_device"), std::string::npos) << m;
+  EXPECT_NE(m.find("sim_pinnable_gb"), std::string::npos) << m;
+  EXPECT_FALSE(c.verbose);  // all or nothing
+}
+
+TEST(ConfigOverrides, TypeErrorsNameTheFieldAndLeaveConfig) {
+  struct Case {
+    const char* field;
+    json value;
+  };
+  const Case cases[] = {
+      {"pin_cpu_memory", "yes"},
+      {"pin_cpu_memory", 1},
+      {"pin_cpu_workers", 2.5},
+      {"pin_cpu_workers", "4"},
+      {"pin_cpu_workers", 1e12},
+      {"small_tensor_threshold_bytes", 1e30},
+      {"resident_module_budget_gb", "6GB"},
+      {"available_system_ram_gb", "lots"},
+      {"profile_name", 3},
+      {"skip_modules_pattern", json::array({"a", 1})},
+      {"execution_mode", "fast"},
+      {"route", 2},
+  };
+  for (const Case& c : cases) {
+    DynamicOffloadConfig config;
+    const Status s = apply_overrides(&config, {{"verbose", true}, {c.field, c.value}});
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << c.field << " " << c.value.dump();
+    EXPECT_NE(s.message().find(c.field), std::string::npos) << s.message();
+    EXPECT_FALSE(config.verbose) << c.field;
+  }
+}
+
+TEST(ConfigOverrides, RangeChecksAndRatioClamp) {
+  DynamicOffloadConfig c;
+  EXPECT_TRUE(apply_overrides(&c, {{"pin_weight_budget_ratio", 1.7}}).ok());
+  EXPECT_EQ(c.pin_weight_budget_ratio, 1.0);
+  EXPECT_TRUE(apply_overrides(&c, {{"pin_weight_budget_ratio", -0.2}}).ok());
+  EXPECT_EQ(c.pin_weight_budget_ratio, 0.0);
+
+  Status s = apply_overrides(&c, {{"profile_vram_headroom_gb", -1}});
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("profile_vram_headroom_gb=-1 is negative"), std::string::npos)
+      << s.message();
+  s = apply_overrides(&c, {{"pin_cpu_workers", 0}});
+  EXPECT_NE(s.message().find("pin_cpu_workers=0"), std::string::npos) << s.message();
+  s = apply_overrides(&c, {{"load_safetensors_backend", "mmapp"}});
+  EXPECT_NE(s.message().find("load_safetensors_backend=\"mmapp\""), std::string::npos);
+  s = apply_overrides(&c, {{"skip_modules_pattern", {"blocks.("}}});
+  EXPECT_NE(s.message().find("skip_modules_pattern[0]"), std::string::npos) << s.message();
+  EXPECT_TRUE(apply_overrides(&c, {{"sim_pinnable_gb", -1}}).ok());
+  EXPECT_EQ(c.profile_vram_headroom_gb, 1.0);
+}
+
+TEST(ConfigValidate, RejectsNonFinite) {
+  DynamicOffloadConfig c;
+  c.profile_vram_headroom_gb = std::numeric_limits<double>::quiet_NaN();
+  Status s = validate_config(c);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("profile_vram_headroom_gb"), std::string::npos);
+  c = {};
+  c.available_system_ram_gb = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(validate_config(c).ok());
+  c = {};
+  c.pin_weight_budget_ratio = std::nan("");
+  EXPECT_FALSE(validate_config(c).ok());
+  c = {};
+  c.resident_module_patterns = {"auto"};
+  EXPECT_TRUE(validate_config(c).ok());
+}
+
+}  // namespace
+}  // namespace ddo::core

@@ -1,0 +1,101 @@
+#include "ddo/core/inventory.h"
+
+#include <gtest/gtest.h>
+
+namespace ddo::core {
+namespace {
+
+ModelInventory small_inventory() {
+  ModelInventory inv;
+  inv.model_class = "demo::TinyDiT";
+  inv.modules.push_back({"", "TinyDiT", ModuleKind::kOther, false, {}});
+  inv.modules.push_back({"blocks.0.proj",
+                         "Linear",
+                         ModuleKind::kLinear,
+                         true,
+                         {{"weight", {64, 32}, "bfloat16", 4096, true, true, false},
+                          {"bias", {64}, "bfloat16", 128}}});
+  ModuleInfo q{"blocks.0.q", "SDNQLinear", ModuleKind::kSdnq, true, {}};
+  TensorInfo packed{"weight", {64, 16}, "uint8", 1024};
+  packed.sdnq_role = SdnqRole::kPackedWeight;
+  TensorInfo scale{"scale", {64, 1, 1}, "bfloat16", 128, false};
+  scale.sdnq_role = SdnqRole::kScale;
+  scale.on_device = true;
+  q.tensors = {packed, scale};
+  inv.modules.push_back(q);
+  return inv;
+}
+
+TEST(Inventory, TotalsAndLookup) {
+  const ModelInventory inv = small_inventory();
+  EXPECT_EQ(inv.total_bytes(), 4096 + 128 + 1024 + 128);
+  ASSERT_NE(inv.find_module("blocks.0.q"), nullptr);
+  EXPECT_EQ(inv.find_module("blocks.0.q")->kind, ModuleKind::kSdnq);
+  EXPECT_EQ(inv.find_module("blocks.0.q")->bytes(), 1152);
+  EXPECT_EQ(inv.find_module("missing"), nullptr);
+  EXPECT_EQ(inv.module_index(""), 0u);
+}
+
+TEST(Inventory, JsonRoundTrip) {
+  const ModelInventory inv = small_inventory();
+  const nlohmann::json j = inv.to_json();
+  EXPECT_EQ(j["modules"][2]["tensors"][1]["sdnq_role"], "scale");
+  EXPECT_EQ(j["modules"][1]["kind"], "linear");
+  ModelInventory back;
+  ASSERT_TRUE(ModelInventory::from_json(j, &back).ok());
+  EXPECT_EQ(back, inv);
+  // Through text as well.
+  ModelInventory again;
+  ASSERT_TRUE(ModelInventory::from_json(nlohmann::json::parse(j.dump()), &again).ok());
+  EXPECT_EQ(again, inv);
+}
+
+TEST(Inventory, OptionalFieldsDefault) {
+  const nlohmann::json j = nlohmann::json::parse(R"({
+    "model_class": "M",
+    "modules": [{"name": "", "is_leaf": false},
+                {"name": "fc", "kind": "linear", "tensors": [{"name": "weight", "bytes": 8}]}]
+  })");
+  ModelInventory inv;
+  ASSERT_TRUE(ModelInventory::from_json(j, &inv).ok());
+  const TensorInfo& t = inv.modules[1].tensors[0];
+  EXPECT_TRUE(t.is_parameter);
+  EXPECT_FALSE(t.already_pinned);
+  EXPECT_EQ(t.sdnq_role, SdnqRole::kNone);
+  EXPECT_EQ(inv.modules[0].kind, ModuleKind::kOther);
+}
+
+TEST(Inventory, BadJsonIsRejectedWithAReason) {
+  ModelInventory out;
+  Status s = ModelInventory::from_json(nlohmann::json::array(), &out);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  s = ModelInventory::from_json(
+      nlohmann::json::parse(R"({"modules": [{"name": "a", "kind": "lstm"}]})"), &out);
+  EXPECT_NE(s.message().find("lstm"), std::string::npos);
+  EXPECT_NE(s.message().find("sdnq"), std::string::npos);  // lists the valid kinds
+  s = ModelInventory::from_json(
+      nlohmann::json::parse(R"({"modules": [{"name": "a"}, {"name": "a"}]})"), &out);
+  EXPECT_NE(s.message().find("twice"), std::string::npos);
+  s = ModelInventory::from_json(
+      nlohmann::json::parse(
+          R"({"modules": [{"name": "a", "tensors": [{"name": "w", "bytes": -1}]}]})"),
+      &out);
+  EXPECT_NE(s.message().find("bytes=-1"), std::string::npos);
+  s = ModelInventory::from_json(
+      nlohmann::json::parse(
+          R"({"modules": [{"name": "a", "tensors": [{"name": "w", "bytes": "x"}]}]})"),
+      &out);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_TRUE(out.modules.empty());
+}
+
+TEST(Inventory, IsWithin) {
+  EXPECT_TRUE(is_within("a.b.c", "a.b"));
+  EXPECT_TRUE(is_within("a.b", "a.b"));
+  EXPECT_TRUE(is_within("a.b", ""));
+  EXPECT_FALSE(is_within("a.bc", "a.b"));
+  EXPECT_FALSE(is_within("a", "a.b"));
+}
+
+}  // namespace
+}  // namespace ddo::core

@@ -1,0 +1,376 @@
+#include "ddo/core/profile_store.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+namespace ddo::core {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_all(const fs::path& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+}
+
+ProfileRecommendation recommendation(double budget_gb, std::string kind = "baseline") {
+  ProfileRecommendation r;
+  r.resident_budget_gb = budget_gb;
+  r.profile_measurement_kind = std::move(kind);
+  r.peak_vram_gb = 6.0;
+  r.total_vram_gb = 8.0;
+  r.headroom_gb = 1.0;
+  return r;
+}
+
+ProfileObservation observation(double peak_gb, double budget_gb = 0.0, bool success = true) {
+  ProfileObservation o;
+  o.profile_measurement_kind = "baseline";
+  o.peak_vram_gb = peak_gb;
+  o.resident_budget_gb = budget_gb;
+  o.total_vram_gb = 8.0;
+  o.headroom_gb = 1.0;
+  o.success = success;
+  return o;
+}
+
+class ProfileStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           (std::string("ddo-profile-store-") + info->name() + "-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(dir_, ec);
+  }
+
+  ProfileStore make_store(fs::path dir = {}) {
+    ProfileStoreOptions options;
+    options.directory = dir.empty() ? dir_ : dir;
+    options.warn = [this](const std::string& message) { warnings_.push_back(message); };
+    return ProfileStore(std::move(options));
+  }
+
+  fs::path dir_;
+  std::vector<std::string> warnings_;
+  ProfileIdentity id_{"video-5s", "demo::Transformer"};
+};
+
+TEST(ProfileKeyTest, KeyIsStableHexAndFileNameIsPrefixed) {
+  ProfileIdentity id{"video-5s", "demo::Transformer"};
+  const std::string key = profile_key(id);
+  EXPECT_TRUE(is_valid_profile_key(key)) << key;
+  EXPECT_EQ(key, profile_key(id));
+  // The key is the first 32 hex digits of the identity's canonical JSON, keys sorted.
+  EXPECT_EQ(canonical_json(id.to_json()),
+            R"({"identity_version":1,"model_class":"demo::Transformer","name":"video-5s"})");
+  EXPECT_EQ(key, sha256_hex(canonical_json(id.to_json())).substr(0, 32));
+  EXPECT_EQ(profile_file_name(key), "ddo-profile-" + key + ".json");
+  EXPECT_NE(key, profile_key({"video-8s", "demo::Transformer"}));
+  EXPECT_NE(key, profile_key({"video-5s", "demo::UNet"}));
+}
+
+TEST(ProfileKeyTest, Sha256MatchesKnownVector) {
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(ProfileKeyTest, RejectsKeysThatAreNotHex) {
+  EXPECT_FALSE(is_valid_profile_key("../../etc/passwd"));
+  EXPECT_FALSE(is_valid_profile_key(std::string(31, 'a')));
+  EXPECT_FALSE(is_valid_profile_key(std::string(32, 'A')));
+  EXPECT_TRUE(is_valid_profile_key(std::string(32, 'a')));
+}
+
+TEST(ProfileDirTest, ResolvesFromEnvMap) {
+  EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "/x/p"}, {"HOME", "/h"}}), fs::path("/x/p"));
+  EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", ""}, {"HOME", "/h"}}),
+            fs::path("/h") / ".ddo" / "profiles");
+  EXPECT_EQ(resolve_profile_dir({{"USERPROFILE", "/u"}}), fs::path("/u") / ".ddo" / "profiles");
+  try {
+    (void)resolve_profile_dir({});
+    FAIL() << "expected an error without HOME";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("DDO_PROFILE_DIR"), std::string::npos);
+  }
+}
+
+TEST(ProfileTimeTest, UpdatedAtIsUtcIso8601) {
+  EXPECT_TRUE(
+      std::regex_match(utc_now_iso8601(), std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)")));
+}
+
+TEST_F(ProfileStoreTest, MissingProfileLoadsAsNothingWithoutWarning) {
+  ProfileStore store = make_store();
+  EXPECT_FALSE(store.load(id_).has_value());
+  EXPECT_TRUE(store.list().empty());
+  EXPECT_TRUE(warnings_.empty());
+}
+
+TEST_F(ProfileStoreTest, SaveThenLoadRoundTrips) {
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());
+  const fs::path path = store.path_for(id_);
+  EXPECT_EQ(path.parent_path(), dir_);
+  EXPECT_EQ(path.filename().string(), "ddo-profile-" + profile_key(id_) + ".json");
+
+  json file = json::parse(read_all(path));
+  EXPECT_EQ(file["schema_version"], kProfileSchemaVersion);
+  EXPECT_EQ(file["profile_key"], profile_key(id_));
+  EXPECT_EQ(file["identity"]["name"], "video-5s");
+  EXPECT_EQ(file["identity"]["model_class"], "demo::Transformer");
+  EXPECT_EQ(file["recommendation"]["resident_budget_gb"], 1.0);
+  EXPECT_EQ(file["recommendation"]["profile_measurement_kind"], "baseline");
+  EXPECT_TRUE(file["updated_at"].get<std::string>().ends_with("Z"));
+  EXPECT_EQ(file["observations"].size(), 1u);
+  EXPECT_EQ(file["capacity"]["resident_budget_gb"]["max_success"], 0.0);
+
+  std::optional<ProfileRecord> record = store.load(id_);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->identity, id_);
+  ASSERT_TRUE(record->recommendation.has_value());
+  EXPECT_DOUBLE_EQ(record->recommendation->resident_budget_gb, 1.0);
+  EXPECT_FALSE(record->recommendation->measured_at.empty());
+  EXPECT_TRUE(warnings_.empty());
+  // No temporary files are left behind.
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    if (entry.path().extension() == ".json") ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST_F(ProfileStoreTest, ReusingNameReplacesRecommendationAndKeepsLast20Observations) {
+  ProfileStore store = make_store();
+  for (int i = 0; i < 25; ++i) {
+    ASSERT_TRUE(store.save(id_, observation(i), recommendation(i)).ok());
+  }
+  std::optional<ProfileRecord> record = store.load(id_);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_DOUBLE_EQ(record->recommendation->resident_budget_gb, 24.0);
+  ASSERT_EQ(record->observations.size(), kMaxProfileObservations);
+  EXPECT_DOUBLE_EQ(record->observations.front().peak_vram_gb, 5.0);
+  EXPECT_DOUBLE_EQ(record->observations.back().peak_vram_gb, 24.0);
+}
+
+TEST_F(ProfileStoreTest, CapacityKeepsMaxSuccessAndMinFailure) {
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save(id_, observation(5, 2.0, true), recommendation(1)).ok());
+  ASSERT_TRUE(store.save(id_, observation(5, 4.0, true), recommendation(1)).ok());
+  ASSERT_TRUE(store.save(id_, observation(9, 6.0, false), recommendation(1)).ok());
+  ASSERT_TRUE(store.save(id_, observation(9, 5.0, false), recommendation(1)).ok());
+  std::optional<ProfileRecord> record = store.load(id_);
+  ASSERT_TRUE(record.has_value());
+  const MetricLimits& limits = record->capacity.at("resident_budget_gb");
+  EXPECT_EQ(limits.max_success, 4.0);
+  EXPECT_EQ(limits.min_failure, 5.0);
+}
+
+TEST_F(ProfileStoreTest, BadFilesAreIgnoredWithAWarning) {
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());
+  const fs::path path = store.path_for(id_);
+  const std::string good = read_all(path);
+
+  json old_schema = json::parse(good);
+  old_schema["schema_version"] = 0;
+  json other_identity = json::parse(good);
+  other_identity["identity"]["name"] = "someone-else";
+  other_identity["profile_key"] = profile_key({"someone-else", "demo::Transformer"});
+  json bad_kind = json::parse(good);
+  bad_kind["recommendation"]["profile_measurement_kind"] = "guess";
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"invalid", "{not json"},
+      {"truncated", good.substr(0, good.size() / 2)},
+      {"empty", ""},
+      {"foreign", R"({"name": "a package.json", "version": "1.0.0"})"},
+      {"array", "[1, 2, 3]"},
+      {"old schema", old_schema.dump()},
+      {"mismatched identity", other_identity.dump()},
+      {"unknown kind", bad_kind.dump()},
+  };
+  for (const auto& [what, content] : cases) {
+    SCOPED_TRACE(what);
+    warnings_.clear();
+    write_all(path, content);
+    std::optional<ProfileRecord> record;
+    EXPECT_NO_THROW(record = store.load(id_));
+    EXPECT_FALSE(record.has_value());
+    ASSERT_EQ(warnings_.size(), 1u);
+    EXPECT_NE(warnings_[0].find(path.string()), std::string::npos) << warnings_[0];
+  }
+}
+
+TEST_F(ProfileStoreTest, SavingOverACorruptFileKeepsItsContentBeside) {
+  ProfileStore store = make_store();
+  fs::create_directories(dir_);
+  const fs::path path = store.path_for(id_);
+  write_all(path, "{corrupt");
+  ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());
+  EXPECT_EQ(read_all(fs::path(path.string() + ".invalid")), "{corrupt");
+  ASSERT_TRUE(store.load(id_).has_value());
+  EXPECT_EQ(warnings_.size(), 1u);
+}
+
+TEST_F(ProfileStoreTest, DirectoryThatIsAFileIsAClearError) {
+  // Works as root too: no permission bits are involved.
+  fs::create_directories(dir_);
+  const fs::path not_a_dir = dir_ / "profiles";
+  write_all(not_a_dir, "I am a file");
+  ProfileStore store = make_store(not_a_dir);
+  Status status = store.save(id_, observation(6.0), recommendation(1.0));
+  EXPECT_EQ(status.code(), Code::kUnavailable);
+  EXPECT_NE(status.message().find(not_a_dir.string()), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("DDO_PROFILE_DIR"), std::string::npos) << status.message();
+  EXPECT_EQ(read_all(not_a_dir), "I am a file");
+}
+
+TEST_F(ProfileStoreTest, ReadOnlyDirectoryFailsAndKeepsTheSavedProfile) {
+  if (::geteuid() == 0) {
+    GTEST_SKIP() << "running as root, which ignores directory permissions; "
+                    "DirectoryThatIsAFileIsAClearError covers the unwritable case";
+  }
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());
+  const std::string before = read_all(store.path_for(id_));
+  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
+  Status status = store.save(id_, observation(7.0), recommendation(0.0));
+  fs::permissions(dir_, fs::perms::owner_all);
+  EXPECT_TRUE(status.code() == Code::kUnavailable || status.code() == Code::kFailedPrecondition)
+      << status.to_string();
+  EXPECT_NE(status.message().find(dir_.string()), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("DDO_PROFILE_DIR"), std::string::npos);
+  EXPECT_EQ(read_all(store.path_for(id_)), before);
+}
+
+TEST_F(ProfileStoreTest, WriterKilledBeforeRenameLeavesThePreviousFile) {
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());
+  const std::string before = read_all(store.path_for(id_));
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ProfileStoreOptions options;
+    options.directory = dir_;
+    options.warn = [](const std::string&) {};
+    options.write.before_rename = [](const fs::path&) { ::_exit(0); };
+    ProfileStore dying(std::move(options));
+    (void)dying.save(id_, observation(7.5), recommendation(0.0));
+    ::_exit(3);  // the hook must have ended the process before this
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "the child did not reach the rename hook";
+
+  EXPECT_EQ(read_all(store.path_for(id_)), before);
+  std::optional<ProfileRecord> record = store.load(id_);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_DOUBLE_EQ(record->recommendation->resident_budget_gb, 1.0);
+  // The orphaned temporary file is not mistaken for a profile, and the lock was released.
+  EXPECT_EQ(store.list().size(), 1u);
+  ASSERT_TRUE(store.save(id_, observation(6.5), recommendation(0.5)).ok());
+  EXPECT_EQ(store.load(id_)->observations.size(), 2u);
+}
+
+TEST_F(ProfileStoreTest, ConcurrentWritersFromSeveralProcessesKeepEveryObservation) {
+  constexpr int kChildren = 12;
+  constexpr int kSavesEach = 1;
+  std::vector<pid_t> children;
+  for (int i = 0; i < kChildren; ++i) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ProfileStoreOptions options;
+      options.directory = dir_;
+      options.warn = [](const std::string&) {};
+      ProfileStore store(std::move(options));
+      for (int j = 0; j < kSavesEach; ++j) {
+        if (!store.save(id_, observation(100.0 + i), recommendation(i)).ok()) ::_exit(1);
+      }
+      ::_exit(0);
+    }
+    children.push_back(child);
+  }
+  for (pid_t child : children) {
+    int wstatus = 0;
+    ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  }
+  ProfileStore store = make_store();
+  std::optional<ProfileRecord> record = store.load(id_);
+  ASSERT_TRUE(record.has_value());
+  std::set<double> peaks;
+  for (const ProfileObservation& o : record->observations) peaks.insert(o.peak_vram_gb);
+  EXPECT_EQ(record->observations.size(), static_cast<std::size_t>(kChildren));
+  for (int i = 0; i < kChildren; ++i) EXPECT_EQ(peaks.count(100.0 + i), 1u) << "child " << i;
+  EXPECT_TRUE(warnings_.empty());
+}
+
+TEST_F(ProfileStoreTest, ListShowsReadableRowsAndFlagsBadFiles) {
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save({"b-workload", "demo::UNet"}, observation(5), recommendation(2)).ok());
+  ASSERT_TRUE(store.save(id_, observation(6), recommendation(1)).ok());
+  const std::string bad_key(32, 'f');
+  write_all(store.path_for_key(bad_key), "{oops");
+  write_all(dir_ / "unrelated.json", "{}");
+
+  std::vector<ProfileListing> rows = store.list();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].profile_key, bad_key);  // no name: sorts first
+  EXPECT_FALSE(rows[0].problem.empty());
+  EXPECT_EQ(rows[1].name, "b-workload");
+  EXPECT_EQ(rows[1].model_class, "demo::UNet");
+  EXPECT_EQ(rows[1].resident_budget_gb, 2.0);
+  EXPECT_EQ(rows[1].profile_measurement_kind, "baseline");
+  EXPECT_EQ(rows[2].name, "video-5s");
+  EXPECT_EQ(rows[2].path, store.path_for(id_));
+  EXPECT_FALSE(rows[2].updated_at.empty());
+  EXPECT_EQ(rows[2].to_json()["resident_budget_gb"], 1.0);
+}
+
+TEST_F(ProfileStoreTest, RemoveDeletesByIdentityOrKey) {
+  ProfileStore store = make_store();
+  ASSERT_TRUE(store.save(id_, observation(6), recommendation(1)).ok());
+  ASSERT_TRUE(store.load_by_key(profile_key(id_)).has_value());
+  EXPECT_TRUE(store.remove(id_).ok());
+  EXPECT_FALSE(fs::exists(store.path_for(id_)));
+  EXPECT_FALSE(fs::exists(lock_path_for(store.path_for(id_))));
+  EXPECT_EQ(store.remove(id_).code(), Code::kNotFound);
+
+  ASSERT_TRUE(store.save(id_, observation(6), recommendation(1)).ok());
+  EXPECT_TRUE(store.remove_by_key(profile_key(id_)).ok());
+  EXPECT_EQ(store.remove_by_key(profile_key(id_)).code(), Code::kNotFound);
+  EXPECT_THROW((void)store.path_for_key("../x"), Error);
+}
+
+TEST_F(ProfileStoreTest, SaveRejectsAnEmptyIdentity) {
+  ProfileStore store = make_store();
+  EXPECT_EQ(store.save({"", "demo::X"}, observation(1), recommendation(1)).code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(store.save({"x", ""}, observation(1), recommendation(1)).code(),
+            Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ddo::core

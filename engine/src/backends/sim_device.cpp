@@ -1,0 +1,429 @@
+// The host-simulation backend: a capacity-limited host arena standing in for device memory, one
+// worker thread per stream standing in for the copy engine. See Note [Simulated streams].
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "ddo/engine/device.h"
+
+namespace ddo::engine {
+namespace {
+
+// Note [Simulated streams]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Each stream from create_stream() is a FIFO queue drained by one worker thread, so commands on
+// one stream run in order and commands on different streams overlap, as on a GPU. The default
+// stream (kDefaultStream) is the calling thread: work on it runs synchronously, and
+// stream_wait_event on it blocks the caller until the event completes (the "device" the caller
+// drives is the caller itself).
+//
+// Events follow CUDA's rules so the scheduler sees the same semantics on both backends:
+//   * record_event captures a generation; the event is done once the stream reaches that record.
+//   * Recording again resets the event: event_done is false until the newest record completes.
+//   * stream_wait_event waits for the generation current at the call, not for later records.
+//   * An event never recorded counts as done.
+// An event's state is shared with the commands that reference it, so destroying an event with a
+// record still queued (legal in CUDA) is safe here too.
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kDeviceAlignment = 64;
+// Pinned host memory from the driver is page-aligned; callers may rely on it.
+constexpr std::size_t kHostAlignment = 4096;
+
+std::size_t round_up(std::size_t bytes, std::size_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+void* aligned_host_alloc(std::size_t bytes, std::size_t alignment) {
+  // aligned_alloc needs a size that is a multiple of the alignment; zero-byte requests still get
+  // a unique address so deallocate() can find them.
+  return std::aligned_alloc(alignment, round_up(std::max<std::size_t>(bytes, 1), alignment));
+}
+
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // guarded by mu: generation of the newest record
+  std::uint64_t completed = 0;  // guarded by mu: newest generation the stream has reached
+  Clock::time_point time;       // guarded by mu: when `completed` was reached
+  bool timing = false;          // immutable
+
+  void complete(std::uint64_t generation) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (generation > completed) {
+        completed = generation;
+        time = Clock::now();
+      }
+    }
+    cv.notify_all();
+  }
+  void wait_for(std::uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= generation; });
+  }
+};
+
+struct SimEvent {
+  std::shared_ptr<EventState> state;
+};
+
+struct Command {
+  enum class Kind { kCopy, kRecord, kWait };
+  Kind kind = Kind::kCopy;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+  std::shared_ptr<EventState> event;
+  std::uint64_t generation = 0;
+};
+
+class SimDevice;
+
+class SimStream {
+ public:
+  explicit SimStream(const SimDevice* device) : device_(device), worker_([this] { run(); }) {}
+  ~SimStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();  // the worker drains the queue before it exits
+  }
+
+  void submit(Command command) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(command));
+      ++submitted_;
+    }
+    cv_.notify_all();
+  }
+
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t target = submitted_;
+    idle_cv_.wait(lock, [&] { return finished_ >= target; });
+  }
+
+ private:
+  void run();
+
+  const SimDevice* device_;
+  std::mutex mu_;
+  std::condition_variable cv_;       // work arrived or stop
+  std::condition_variable idle_cv_;  // a command finished
+  std::deque<Command> queue_;        // guarded by mu_
+  std::uint64_t submitted_ = 0;      // guarded by mu_
+  std::uint64_t finished_ = 0;       // guarded by mu_
+  bool stop_ = false;                // guarded by mu_
+  std::thread worker_;               // last: starts once the fields above exist
+};
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(const SimDeviceOptions& options) : options_(options) {}
+
+  ~SimDevice() override {
+    for (auto& [ptr, bytes] : device_allocs_) std::free(ptr);
+    for (auto& [ptr, bytes] : host_allocs_) std::free(ptr);
+  }
+
+  DeviceCaps caps() const override {
+    DeviceCaps caps;
+    caps.kind = DeviceKind::kSim;
+    caps.index = options_.index;
+    caps.name = "ddo-sim";
+    caps.async_copy = true;
+    caps.pinned_host = true;
+    caps.host_register = true;
+    caps.timing_events = true;
+    return caps;
+  }
+
+  Status allocate(std::size_t bytes, void** out) override {
+    *out = nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto requested = static_cast<std::int64_t>(bytes);
+    if (used_bytes_ + requested > options_.capacity_bytes) {
+      return Status(
+          Code::kResourceExhausted,
+          internal::str_cat("simulated device ", options_.index, " is full: requested ", requested,
+                            " bytes with ", used_bytes_, " of ", options_.capacity_bytes,
+                            " bytes in use; raise SimDeviceOptions::capacity_bytes or "
+                            "free memory first"));
+    }
+    void* ptr = aligned_host_alloc(bytes, kDeviceAlignment);
+    if (ptr == nullptr) {
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat("simulated device ", options_.index,
+                                      ": the host could not "
+                                      "provide ",
+                                      requested, " bytes for the device arena"));
+    }
+    device_allocs_.emplace(ptr, bytes);
+    used_bytes_ += requested;
+    *out = ptr;
+    return {};
+  }
+
+  void deallocate(void* ptr) override {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = device_allocs_.find(ptr);
+    DDO_ASSERT(it != device_allocs_.end(),
+               "deallocate of a pointer the simulated device did not "
+               "allocate");
+    used_bytes_ -= static_cast<std::int64_t>(it->second);
+    std::free(it->first);
+    device_allocs_.erase(it);
+  }
+
+  Status allocate_host(std::size_t bytes, void** out) override {
+    *out = nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    DDO_RETURN_IF_ERROR(reserve_pinned_locked(bytes, "allocate_host"));
+    void* ptr = aligned_host_alloc(bytes, kHostAlignment);
+    if (ptr == nullptr) {
+      pinned_bytes_ -= static_cast<std::int64_t>(bytes);
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat("simulated pinned allocation of ", bytes, " bytes failed"));
+    }
+    host_allocs_.emplace(ptr, bytes);
+    *out = ptr;
+    return {};
+  }
+
+  void deallocate_host(void* ptr) override {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = host_allocs_.find(ptr);
+    DDO_ASSERT(it != host_allocs_.end(),
+               "deallocate_host of a pointer allocate_host did not "
+               "return");
+    pinned_bytes_ -= static_cast<std::int64_t>(it->second);
+    std::free(it->first);
+    host_allocs_.erase(it);
+  }
+
+  Status register_host(void* ptr, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_.count(ptr) != 0) {
+      return Status(Code::kInvalidArgument, "register_host: this address is already registered");
+    }
+    DDO_RETURN_IF_ERROR(reserve_pinned_locked(bytes, "register_host"));
+    registered_.emplace(ptr, bytes);
+    return {};
+  }
+
+  void unregister_host(void* ptr) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = registered_.find(ptr);
+    DDO_ASSERT(it != registered_.end(), "unregister_host of an address that is not registered");
+    pinned_bytes_ -= static_cast<std::int64_t>(it->second);
+    registered_.erase(it);
+  }
+
+  Stream create_stream() override { return new SimStream(this); }
+
+  void destroy_stream(Stream stream) override {
+    if (stream == kDefaultStream) return;
+    delete static_cast<SimStream*>(stream);  // drains first
+  }
+
+  Event create_event(bool timing) override {
+    auto* event = new SimEvent{std::make_shared<EventState>()};
+    event->state->timing = timing;
+    return event;
+  }
+
+  void destroy_event(Event event) override { delete static_cast<SimEvent*>(event); }
+
+  Status copy_to_device_async(void* dst, const void* src, std::size_t bytes,
+                              Stream stream) override {
+    return submit_copy(dst, src, bytes, stream);
+  }
+
+  Status copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    copy_now(dst, src, bytes);
+    return {};
+  }
+
+  Status copy_on_device_async(void* dst, const void* src, std::size_t bytes,
+                              Stream stream) override {
+    return submit_copy(dst, src, bytes, stream);
+  }
+
+  void record_event(Event event, Stream stream) override {
+    const std::shared_ptr<EventState>& state = static_cast<SimEvent*>(event)->state;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      generation = ++state->recorded;
+    }
+    if (stream == kDefaultStream) {
+      state->complete(generation);
+      return;
+    }
+    Command command;
+    command.kind = Command::Kind::kRecord;
+    command.event = state;
+    command.generation = generation;
+    static_cast<SimStream*>(stream)->submit(std::move(command));
+  }
+
+  void stream_wait_event(Stream stream, Event event) override {
+    const std::shared_ptr<EventState>& state = static_cast<SimEvent*>(event)->state;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      generation = state->recorded;
+    }
+    if (stream == kDefaultStream) {
+      state->wait_for(generation);
+      return;
+    }
+    Command command;
+    command.kind = Command::Kind::kWait;
+    command.event = state;
+    command.generation = generation;
+    static_cast<SimStream*>(stream)->submit(std::move(command));
+  }
+
+  void synchronize_event(Event event) override {
+    EventState& state = *static_cast<SimEvent*>(event)->state;
+    std::unique_lock<std::mutex> lock(state.mu);
+    const std::uint64_t generation = state.recorded;
+    state.cv.wait(lock, [&] { return state.completed >= generation; });
+  }
+
+  bool event_done(Event event) override {
+    EventState& state = *static_cast<SimEvent*>(event)->state;
+    std::lock_guard<std::mutex> lock(state.mu);
+    return state.completed >= state.recorded;
+  }
+
+  float elapsed_ms(Event start, Event end) override {
+    EventState& a = *static_cast<SimEvent*>(start)->state;
+    EventState& b = *static_cast<SimEvent*>(end)->state;
+    Clock::time_point ta, tb;
+    {
+      std::lock_guard<std::mutex> lock(a.mu);
+      if (!a.timing || a.recorded == 0 || a.completed < a.recorded) return -1.0f;
+      ta = a.time;
+    }
+    {
+      std::lock_guard<std::mutex> lock(b.mu);
+      if (!b.timing || b.recorded == 0 || b.completed < b.recorded) return -1.0f;
+      tb = b.time;
+    }
+    return std::chrono::duration<float, std::milli>(tb - ta).count();
+  }
+
+  void synchronize_stream(Stream stream) override {
+    if (stream == kDefaultStream) return;  // synchronous already
+    static_cast<SimStream*>(stream)->synchronize();
+  }
+
+  DeviceMemory memory() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return DeviceMemory{options_.capacity_bytes, used_bytes_};
+  }
+
+  // Runs on the caller (default stream) or a stream worker; throttled to the simulated link.
+  void copy_now(void* dst, const void* src, std::size_t bytes) const {
+    const Clock::time_point start = Clock::now();
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    if (options_.copy_bytes_per_second > 0.0) {
+      const std::chrono::duration<double> duration(static_cast<double>(bytes) /
+                                                   options_.copy_bytes_per_second);
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(duration));
+    }
+  }
+
+ private:
+  Status submit_copy(void* dst, const void* src, std::size_t bytes, Stream stream) {
+    if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+      return Status(Code::kInvalidArgument,
+                    internal::str_cat("copy of ", bytes, " bytes with a null address"));
+    }
+    if (stream == kDefaultStream) {
+      copy_now(dst, src, bytes);
+      return {};
+    }
+    Command command;
+    command.kind = Command::Kind::kCopy;
+    command.dst = dst;
+    command.src = src;
+    command.bytes = bytes;
+    static_cast<SimStream*>(stream)->submit(std::move(command));
+    return {};
+  }
+
+  Status reserve_pinned_locked(std::size_t bytes, const char* what) {
+    const auto requested = static_cast<std::int64_t>(bytes);
+    if (options_.pinnable_bytes >= 0 && pinned_bytes_ + requested > options_.pinnable_bytes) {
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat(what, " of ", requested, " bytes refused: ", pinned_bytes_,
+                                      " of ", options_.pinnable_bytes,
+                                      " pinnable bytes already pinned (simulated pin limit)"));
+    }
+    pinned_bytes_ += requested;
+    return {};
+  }
+
+  const SimDeviceOptions options_;
+  std::mutex mu_;
+  std::int64_t used_bytes_ = 0;                           // guarded by mu_
+  std::int64_t pinned_bytes_ = 0;                         // guarded by mu_
+  std::unordered_map<void*, std::size_t> device_allocs_;  // guarded by mu_
+  std::unordered_map<void*, std::size_t> host_allocs_;    // guarded by mu_
+  std::unordered_map<void*, std::size_t> registered_;     // guarded by mu_
+};
+
+void SimStream::run() {
+  for (;;) {
+    Command command;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and drained
+      command = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    switch (command.kind) {
+      case Command::Kind::kCopy:
+        device_->copy_now(command.dst, command.src, command.bytes);
+        break;
+      case Command::Kind::kRecord:
+        command.event->complete(command.generation);
+        break;
+      case Command::Kind::kWait:
+        command.event->wait_for(command.generation);
+        break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++finished_;
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options) {
+  return std::make_unique<SimDevice>(options);
+}
+
+}  // namespace ddo::engine

@@ -1,0 +1,342 @@
+// CopyScheduler on the simulation backend. The compute stream is kDefaultStream (the test thread),
+// so after acquire() returns the test can read the staged bytes directly and compare them with
+// the host copy. Copies are throttled in most tests so that prefetch actually runs ahead.
+#include "ddo/engine/copy_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace ddo::engine {
+namespace {
+
+struct Rig {
+  Rig(int units, std::size_t min_bytes, std::size_t max_bytes, const SchedulerOptions& options,
+      double bytes_per_second = 400e6, std::int64_t capacity = std::int64_t{64} << 20) {
+    SimDeviceOptions sim;
+    sim.capacity_bytes = capacity;
+    sim.copy_bytes_per_second = bytes_per_second;
+    device = make_sim_device(sim);
+    std::mt19937_64 rng(1234 + units);
+    for (int i = 0; i < units; ++i) {
+      const std::size_t bytes = min_bytes + rng() % (max_bytes - min_bytes + 1);
+      host.emplace_back(bytes);
+      for (auto& b : host.back()) b = static_cast<std::uint8_t>(rng());
+      largest = std::max(largest, bytes);
+    }
+    scheduler = std::make_unique<CopyScheduler>(*device, options);
+    for (auto& h : host) scheduler->add(h.data(), h.size(), /*pinned=*/true);
+  }
+
+  ~Rig() { scheduler.reset(); }  // before the device
+
+  // Acquires, checks and releases each unit of `order`; returns how many came back wrong.
+  // `during` runs while the unit is held.
+  int run(const std::vector<int>& order, const std::function<void(int, const char*)>& during = {}) {
+    int wrong = 0;
+    for (int id : order) {
+      const char* p = static_cast<const char*>(scheduler->acquire(id, kDefaultStream));
+      lo = std::min(lo, p);
+      hi = std::max(hi, p + host[id].size());
+      if (std::memcmp(p, host[id].data(), host[id].size()) != 0) ++wrong;
+      if (during) during(id, p);
+      scheduler->release(id, kDefaultStream);
+    }
+    return wrong;
+  }
+
+  std::vector<int> identity() const {
+    std::vector<int> order(host.size());
+    std::iota(order.begin(), order.end(), 0);
+    return order;
+  }
+
+  std::unique_ptr<Device> device;
+  std::vector<std::vector<std::uint8_t>> host;
+  std::size_t largest = 0;
+  std::unique_ptr<CopyScheduler> scheduler;
+  const char* lo = reinterpret_cast<const char*>(std::numeric_limits<std::uintptr_t>::max());
+  const char* hi = nullptr;
+};
+
+SchedulerOptions window(std::size_t window_bytes) {
+  SchedulerOptions options;
+  options.window_bytes = window_bytes;
+  return options;
+}
+
+TEST(CopyScheduler, EveryAcquireIsCorrectAndPrefetchHitsAfterTheFirstPass) {
+  Rig rig(24, 64 << 10, 256 << 10, window(768 << 10));
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  EXPECT_EQ(rig.scheduler->unit_count(), 24u);
+  const auto order = rig.identity();
+  EXPECT_EQ(rig.run(order), 0);  // learning pass: everything on demand
+  SchedulerStats first = rig.scheduler->stats();
+  EXPECT_EQ(first.on_demand, 24);
+  EXPECT_EQ(first.prefetch_hits, 0);
+  EXPECT_GT(first.wait_ms, 0.0);  // the caller waited for on-demand copies
+
+  rig.scheduler->reset_stats();
+  for (int pass = 0; pass < 5; ++pass) EXPECT_EQ(rig.run(order), 0) << "pass " << pass;
+  const SchedulerStats st = rig.scheduler->stats();
+  EXPECT_EQ(st.acquires, 5 * 24);
+  EXPECT_EQ(st.trace_length, 24u);
+  EXPECT_LE(st.on_demand, 1);  // the acquire that closes the trace
+  EXPECT_GE(st.prefetch_hits, st.acquires - 1);
+  EXPECT_EQ(st.order_misses, 0);
+  EXPECT_EQ(st.relearns, 0);
+  EXPECT_GT(st.copy_ms, 0.0);
+  EXPECT_GT(st.bytes_copied, 0);
+}
+
+TEST(CopyScheduler, StagingAndDeviceStayWithinTheirSizes) {
+  Rig rig(30, 32 << 10, 300 << 10, window(600 << 10));
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const std::size_t staging = rig.scheduler->staging_bytes();
+  EXPECT_GE(staging, (600u << 10) + 2 * rig.largest);
+  EXPECT_EQ(rig.device->memory().used_bytes, static_cast<std::int64_t>(staging));
+  const auto order = rig.identity();
+  for (int pass = 0; pass < 6; ++pass) ASSERT_EQ(rig.run(order), 0);
+  EXPECT_LE(static_cast<std::size_t>(rig.hi - rig.lo), staging);
+  EXPECT_EQ(rig.device->memory().used_bytes, static_cast<std::int64_t>(staging));
+  EXPECT_LE(rig.device->memory().used_bytes, rig.device->memory().total_bytes);
+  EXPECT_EQ(rig.scheduler->stats().staging_bytes, static_cast<std::int64_t>(staging));
+}
+
+TEST(CopyScheduler, StagingThatDoesNotFitTheDeviceFailsNamingTheSize) {
+  SchedulerOptions options;
+  options.staging_bytes = std::size_t{8} << 20;
+  Rig rig(4, 1 << 10, 4 << 10, options, 0.0, /*capacity=*/std::int64_t{4} << 20);
+  Status status = rig.scheduler->finalize();
+  EXPECT_EQ(status.code(), Code::kResourceExhausted);
+  EXPECT_NE(status.message().find(std::to_string(8 << 20)), std::string::npos) << status.message();
+}
+
+TEST(CopyScheduler, StagingSmallerThanTheLargestUnitIsRejected) {
+  SchedulerOptions options;
+  options.staging_bytes = 4096;
+  Rig rig(3, 10000, 20000, options, 0.0);
+  EXPECT_EQ(rig.scheduler->finalize().code(), Code::kInvalidArgument);
+}
+
+TEST(CopyScheduler, WindowBoundsBytesInFlight) {
+  const std::size_t unit = 128 << 10;
+  Rig rig(20, unit / 2, unit, window(3 * unit));
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const auto order = rig.identity();
+  for (int pass = 0; pass < 5; ++pass) ASSERT_EQ(rig.run(order), 0);
+  const SchedulerStats st = rig.scheduler->stats();
+  EXPECT_LE(st.peak_in_flight_bytes, static_cast<std::int64_t>(3 * unit + rig.largest));
+  EXPECT_GT(st.peak_in_flight_bytes, static_cast<std::int64_t>(unit));  // it did prefetch
+  EXPECT_GT(st.prefetch_hits, 3 * 20);
+}
+
+TEST(CopyScheduler, AcquiredRegionIsNeverOverwritten) {
+  Rig rig(16, 64 << 10, 192 << 10, window(400 << 10));
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const auto order = rig.identity();
+  for (int pass = 0; pass < 3; ++pass) ASSERT_EQ(rig.run(order), 0);
+
+  // Hold unit 0 while the rest of the trace cycles through the ring several times.
+  const char* held = static_cast<const char*>(rig.scheduler->acquire(0, kDefaultStream));
+  const std::size_t held_bytes = rig.host[0].size();
+  ASSERT_EQ(std::memcmp(held, rig.host[0].data(), held_bytes), 0);
+  std::vector<int> others(order.begin() + 1, order.end());
+  int overlaps = 0;
+  for (int round = 0; round < 4; ++round) {
+    EXPECT_EQ(rig.run(others,
+                      [&](int id, const char* p) {
+                        const char* end = p + rig.host[id].size();
+                        if (p < held + held_bytes && held < end) ++overlaps;
+                      }),
+              0);
+    rig.device->synchronize_stream(kDefaultStream);
+    ASSERT_EQ(std::memcmp(held, rig.host[0].data(), held_bytes), 0) << "round " << round;
+  }
+  EXPECT_EQ(overlaps, 0);
+  // Let in-flight prefetches land, then check once more before releasing.
+  rig.scheduler->drain();
+  EXPECT_EQ(std::memcmp(held, rig.host[0].data(), held_bytes), 0);
+  rig.scheduler->release(0, kDefaultStream);
+  for (int pass = 0; pass < 2; ++pass) EXPECT_EQ(rig.run(order), 0);
+}
+
+// Runs `order` until the scheduler has settled on it, then checks a clean steady state.
+void expect_settles(Rig& rig, const std::vector<int>& order) {
+  for (int pass = 0; pass < 8; ++pass) ASSERT_EQ(rig.run(order), 0) << "pass " << pass;
+  rig.scheduler->reset_stats();
+  for (int pass = 0; pass < 3; ++pass) ASSERT_EQ(rig.run(order), 0);
+  const SchedulerStats st = rig.scheduler->stats();
+  EXPECT_EQ(st.order_misses, 0);
+  EXPECT_EQ(st.on_demand, 0);
+  EXPECT_EQ(st.prefetch_hits, st.acquires);
+}
+
+class ChangedOrder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rig_ = std::make_unique<Rig>(20, 48 << 10, 160 << 10, window(500 << 10));
+    ASSERT_TRUE(rig_->scheduler->finalize().ok());
+    base_ = rig_->identity();
+    for (int pass = 0; pass < 3; ++pass) ASSERT_EQ(rig_->run(base_), 0);
+    ASSERT_EQ(rig_->scheduler->stats().relearns, 0);
+  }
+  std::unique_ptr<Rig> rig_;
+  std::vector<int> base_;
+};
+
+TEST_F(ChangedOrder, SwappedUnitsStayCorrectAndRelearn) {
+  std::vector<int> order = base_;
+  std::swap(order[6], order[7]);
+  rig_->scheduler->reset_stats();
+  for (int pass = 0; pass < 2; ++pass) ASSERT_EQ(rig_->run(order), 0);
+  const SchedulerStats st = rig_->scheduler->stats();
+  EXPECT_GT(st.order_misses, 0);
+  EXPECT_GE(st.relearns, 1);
+  expect_settles(*rig_, order);
+}
+
+TEST_F(ChangedOrder, SkippedUnitStaysCorrectAndRelearns) {
+  std::vector<int> order = base_;
+  order.erase(order.begin() + 9);
+  rig_->scheduler->reset_stats();
+  for (int pass = 0; pass < 5; ++pass) ASSERT_EQ(rig_->run(order), 0);
+  const SchedulerStats st = rig_->scheduler->stats();
+  EXPECT_GT(st.order_misses, 0);
+  EXPECT_GE(st.relearns, 1);
+  expect_settles(*rig_, order);
+}
+
+TEST_F(ChangedOrder, NewOrderStaysCorrectAndRelearns) {
+  std::vector<int> order = base_;
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  rig_->scheduler->reset_stats();
+  for (int pass = 0; pass < 3; ++pass) ASSERT_EQ(rig_->run(order), 0);
+  const SchedulerStats st = rig_->scheduler->stats();
+  EXPECT_GT(st.order_misses, 0);
+  EXPECT_GE(st.relearns, 1);
+  expect_settles(*rig_, order);
+  EXPECT_EQ(rig_->scheduler->stats().trace_length, order.size());
+}
+
+TEST_F(ChangedOrder, RepeatedUnitWithinAStepIsServedCorrectly) {
+  // Unit 3 runs twice per step (a shared layer); correctness first, then no misses once learned.
+  std::vector<int> order = base_;
+  order.insert(order.begin() + 12, 3);
+  for (int pass = 0; pass < 10; ++pass) ASSERT_EQ(rig_->run(order), 0);
+  rig_->scheduler->reset_stats();
+  for (int pass = 0; pass < 3; ++pass) ASSERT_EQ(rig_->run(order), 0);
+  EXPECT_EQ(rig_->scheduler->stats().order_misses, 0);
+}
+
+TEST_F(ChangedOrder, ExtraUnitOutsideTheTraceIsServedOnDemand) {
+  std::vector<int> order = base_;
+  order.erase(order.begin() + 15);  // 15 now appears only once every few steps
+  rig_->scheduler->reset_stats();
+  ASSERT_EQ(rig_->run(order), 0);
+  ASSERT_EQ(rig_->run({15}), 0);
+  ASSERT_EQ(rig_->run(base_), 0);
+}
+
+// Random perturbations of a base order, with drains in between: every acquire must be correct.
+TEST(CopyScheduler, RandomPerturbationsStayCorrect) {
+  for (std::size_t window_bytes : {std::size_t{100} << 10, std::size_t{1} << 20}) {
+    Rig rig(18, 8 << 10, 120 << 10, window(window_bytes), 2e9);
+    ASSERT_TRUE(rig.scheduler->finalize().ok());
+    std::mt19937 rng(static_cast<unsigned>(window_bytes));
+    std::vector<int> base = rig.identity();
+    int wrong = 0;
+    for (int step = 0; step < 120; ++step) {
+      std::vector<int> order = base;
+      switch (rng() % 8) {
+        case 0:
+          std::swap(order[rng() % order.size()], order[rng() % order.size()]);
+          break;
+        case 1:
+          order.erase(order.begin() + rng() % order.size());
+          break;
+        case 2:
+          order.insert(order.begin() + rng() % order.size(), rng() % 18);
+          break;
+        case 3:
+          std::shuffle(order.begin(), order.end(), rng);
+          break;
+        case 4:
+          base = order;
+          std::shuffle(base.begin(), base.end(), rng);
+          break;
+        default:
+          break;
+      }
+      // Units may repeat within a step; acquire/release them one at a time.
+      wrong += rig.run(order);
+      if (rng() % 16 == 0) rig.scheduler->drain();
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_LE(static_cast<std::size_t>(rig.hi - rig.lo), rig.scheduler->staging_bytes());
+  }
+}
+
+TEST(CopyScheduler, DrainForgetsPrefetchedData) {
+  Rig rig(12, 64 << 10, 128 << 10, window(512 << 10));
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const auto order = rig.identity();
+  for (int pass = 0; pass < 3; ++pass) ASSERT_EQ(rig.run(order), 0);
+  ASSERT_EQ(rig.run({0, 1, 2}), 0);  // prefetch of 3, 4, ... is now in flight
+  rig.scheduler->drain();
+  const SchedulerStats before = rig.scheduler->stats();
+  ASSERT_EQ(rig.run({3}), 0);
+  EXPECT_EQ(rig.scheduler->stats().on_demand, before.on_demand + 1);
+  std::vector<int> rest(order.begin() + 4, order.end());
+  ASSERT_EQ(rig.run(rest), 0);
+  for (int pass = 0; pass < 2; ++pass) ASSERT_EQ(rig.run(order), 0);
+}
+
+TEST(CopyScheduler, WithoutASideStreamCopiesOnTheComputeStream) {
+  SchedulerOptions options = window(256 << 10);
+  options.use_side_stream = false;
+  Rig rig(10, 32 << 10, 96 << 10, options);
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const auto order = rig.identity();
+  for (int pass = 0; pass < 4; ++pass) ASSERT_EQ(rig.run(order), 0);
+  const SchedulerStats st = rig.scheduler->stats();
+  EXPECT_EQ(st.acquires, 40);
+  EXPECT_GT(st.on_demand, 0);
+  EXPECT_EQ(st.on_demand + st.prefetch_hits, st.acquires);
+}
+
+TEST(CopyScheduler, MisuseIsReported) {
+  Rig rig(3, 1000, 2000, window(64 << 10), 0.0);
+  std::vector<std::uint8_t> extra(10);
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  EXPECT_THROW(rig.scheduler->add(extra.data(), extra.size(), false), Error);
+  EXPECT_THROW(rig.scheduler->acquire(7, kDefaultStream), Error);
+  EXPECT_THROW(rig.scheduler->release(1, kDefaultStream), Error);
+  rig.scheduler->acquire(1, kDefaultStream);
+  EXPECT_THROW(rig.scheduler->acquire(1, kDefaultStream), Error);
+  rig.scheduler->release(1, kDefaultStream);
+}
+
+TEST(CopyScheduler, UntimedCopiesStillStream) {
+  SchedulerOptions options = window(300 << 10);
+  options.time_copies = false;
+  Rig rig(15, 16 << 10, 100 << 10, options);
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const auto order = rig.identity();
+  for (int pass = 0; pass < 4; ++pass) ASSERT_EQ(rig.run(order), 0);
+  const SchedulerStats st = rig.scheduler->stats();
+  EXPECT_EQ(st.copy_ms, 0.0);
+  EXPECT_EQ(st.wait_ms, 0.0);
+  EXPECT_GE(st.prefetch_hits, 2 * 15);
+}
+
+}  // namespace
+}  // namespace ddo::engine

@@ -1,0 +1,391 @@
+"""enable_offload for torch.nn.Module: the seed page's entry point.
+
+Python gathers the model once: ``named_modules()`` in order, each module's class, kind (Linear,
+Conv1d/2d/3d, Embedding, other) and its direct parameters and buffers, as the model's own tensor
+objects. ddo_torch (C++) plans, places and re-points those tensors in place; from then on the
+model runs unchanged and no Python code runs per op (interception is at the dispatcher)::
+
+    offload = enable_offload(model, preset="auto", profile_name="my-workload",
+                             build_profile=calibrate)
+    with offload.profile_run() as profile_report:      # calibration: measured and saved
+        output = pipeline(**inputs)
+    profile_report["status"]                            # "saved" (calibration) / "applied" / ...
+    remove_offload(model)                               # ordinary tensors again
+
+The offload stays attached to the model (``model._ddo_offload``) until ``remove_offload`` or
+``offload.remove()``, so the host does not have to keep the result alive.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+from torch import nn
+
+from . import _C
+from ._progress import SetupProgress
+from .config import DynamicOffloadConfig, DynamicOffloadSettings, _config_fields
+from .profiles import model_class_name
+
+__all__ = ["OffloadResult", "enable_offload", "remove_offload"]
+
+_ATTR = "_ddo_offload"
+_REGEX_SPECIALS = set("\\^$.|?*+()[]{}")
+
+RecordEvent = Callable[[str, float, dict], Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured region.
+# ---------------------------------------------------------------------------------------------
+
+
+class ProfileRunContext:
+    """``with offload.profile_run() as report:`` -- the seed's measured region.
+
+    On a calibration (or pending-probe) run the region is measured and, only when the block
+    exits without an exception, saved. On a normal run the stored recommendation was already
+    applied by ``enable_offload`` and the region does nothing. ``report`` is a JSON-safe dict,
+    updated in place when the block ends, so it reads final afterwards.
+    """
+
+    def __init__(self, native_offload: "_C.Offload") -> None:
+        self._native = native_offload
+        self._run: Optional["_C.ProfileRun"] = None
+        self.report: dict[str, Any] = {}
+
+    def __enter__(self) -> dict[str, Any]:
+        if self._run is not None:
+            raise RuntimeError(
+                "this profile_run() context is already open; nested regions are not supported"
+            )
+        self._run = self._native.profile_run()
+        self.report.clear()
+        self.report.update(self._run.report())
+        return self.report
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        run, self._run = self._run, None
+        if run is None:
+            return False
+        if exc_type is None:
+            final = run.finish()  # raises when saving fails; the report then says "failed"
+        else:
+            try:
+                final = run.abort()  # nothing saved: the stored profile stays byte for byte
+            except Exception as abort_error:  # never mask the host's exception
+                warnings.warn(f"ddo: ending the aborted profile region failed: {abort_error}")
+                final = run.report()
+        self.report.clear()
+        self.report.update(final)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The result.
+# ---------------------------------------------------------------------------------------------
+
+
+class OffloadResult:
+    """What ``enable_offload`` returns: the handle of one model's offload.
+
+    ``profile_run()`` opens the measured region; ``report()`` is the JSON-safe report (spec §9);
+    ``summary()`` one screen for humans; ``remove()`` restores the model.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        native: "_C.Offload",
+        model_class: str,
+        kept: list[dict[str, str]],
+        events: list[tuple[str, float, dict]],
+    ) -> None:
+        self.module = module
+        self.model_class = model_class
+        self._native = native
+        self._kept = kept
+        self._events = events
+
+    # -- the seed's API ---------------------------------------------------------------------
+    def profile_run(self) -> ProfileRunContext:
+        """The measured region (a context manager yielding the profile report dict)."""
+        self._check_active()
+        return ProfileRunContext(self._native)
+
+    @property
+    def profile_report(self) -> dict[str, Any]:
+        """The latest profile report (setup's until a region ends)."""
+        return self._native.profile_report()
+
+    def remove(self) -> None:
+        """Restores the model: every tensor ordinary again, on its original device. Idempotent."""
+        self._native.remove()
+        if getattr(self.module, _ATTR, None) is self:
+            try:
+                delattr(self.module, _ATTR)
+            except AttributeError:
+                pass
+
+    # -- reports ----------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self._native.active
+
+    def report(self) -> dict[str, Any]:
+        """JSON-safe: settings, setup seconds and bytes, residents, pins, decisions, run figures,
+        the profile report, and what the Python glue kept out of ddo's hands (``python``)."""
+        r = self._native.report()
+        r["python"] = {
+            "kept_modules": copy.deepcopy(self._kept),
+            "setup_events": [
+                {"name": n, "seconds": s, "payload": p} for n, s, p in self._events
+            ],
+        }
+        return r
+
+    def summary(self) -> str:
+        text = self._native.summary()
+        for kept in self._kept:
+            text += f"  kept by the Python glue: {kept['module']} ({kept['reason']})\n"
+        return text
+
+    def plan(self) -> dict[str, Any]:
+        return self._native.plan()
+
+    @property
+    def settings(self) -> DynamicOffloadSettings:
+        return DynamicOffloadSettings(self._native.settings())
+
+    def reset_run_stats(self) -> None:
+        self._native.reset_run_stats()
+
+    def _check_active(self) -> None:
+        if not self._native.active and self._native.report().get("executing", False):
+            raise RuntimeError("this offload was removed; call enable_offload again")
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "inactive"
+        return f"<ddo.OffloadResult {self.model_class} {state}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering the model.
+# ---------------------------------------------------------------------------------------------
+
+
+def _kind(module: nn.Module) -> str:
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return "conv"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    return "other"
+
+
+def _is_plain(t: torch.Tensor) -> bool:
+    # Parameters and plain tensors only: a tensor subclass (quantized wrappers, DTensor, lazy
+    # UninitializedParameter, ...) has storage ddo cannot re-point safely.
+    return type(t) is torch.Tensor or type(t) is nn.Parameter
+
+
+def _anchored(name: str) -> str:
+    return "^" + "".join("\\" + c if c in _REGEX_SPECIALS else c for c in name) + "$"
+
+
+def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]]]:
+    """The module tree for ddo_torch, and the modules kept out of its hands (with reasons)."""
+    entries: list[tuple] = []
+    kept: list[dict[str, str]] = []
+    for name, module in model.named_modules():
+        slots = []
+        refused = []
+        for tname, p in module._parameters.items():
+            if p is None:
+                continue
+            (slots if _is_plain(p) else refused).append((tname, p, True))
+        for tname, b in module._buffers.items():
+            if b is None:
+                continue
+            (slots if _is_plain(b) else refused).append((tname, b, False))
+        if refused:
+            names = ", ".join(f"{t} ({type(x).__name__})" for t, x, _ in refused)
+            kept.append(
+                {
+                    "module": name,
+                    "reason": f"tensor_subclass: {names}; left where the host put it",
+                }
+            )
+        is_leaf = not any(child is not None for child in module._modules.values())
+        entries.append((name, type(module).__qualname__, _kind(module), is_leaf, slots))
+    return entries, kept
+
+
+def _refuse_compiled(model: nn.Module) -> None:
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # pragma: no cover - dynamo unavailable
+        OptimizedModule = ()  # type: ignore[assignment]
+    if isinstance(model, OptimizedModule):
+        raise RuntimeError(
+            "enable_offload got a torch.compile'd module (OptimizedModule): ddo intercepts weight "
+            "ops at the dispatcher, below what torch.compile traces, so a compiled graph would "
+            "not see streamed weights; pass the original module (model._orig_mod) and do not "
+            "compile it"
+        )
+    for name, module in model.named_modules():
+        if isinstance(module, OptimizedModule) or getattr(module, "_compiled_call_impl", None):
+            where = f"submodule {name!r}" if name else "the model"
+            raise RuntimeError(
+                f"enable_offload: {where} was compiled with torch.compile / Module.compile(); "
+                "ddo's dispatcher-level interception is not visible to compiled graphs. Enable "
+                "offload on an uncompiled model"
+            )
+
+
+def _resolved_skip_patterns(
+    preset: Optional[str],
+    settings: Optional[DynamicOffloadSettings],
+    config: Any,
+    overrides: Mapping[str, Any],
+) -> list[str]:
+    if "skip_modules_pattern" in overrides:
+        value = overrides["skip_modules_pattern"]
+        return [value] if isinstance(value, str) else list(value)
+    if settings is not None:
+        return settings.config.skip_modules_pattern
+    if config is not None:
+        return DynamicOffloadConfig.from_dict(_config_fields(config)).skip_modules_pattern
+    return DynamicOffloadSettings.from_env(preset).config.skip_modules_pattern
+
+
+def _enable(
+    model: nn.Module,
+    *,
+    preset: Optional[str],
+    profile_name: Optional[str],
+    build_profile: bool,
+    settings: Optional[DynamicOffloadSettings],
+    config: Any,
+    execution_device: Optional[str],
+    record_event: Optional[RecordEvent],
+    overrides: dict[str, Any],
+    device: Any = None,
+    label: Optional[str] = None,
+) -> OffloadResult:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"enable_offload takes a torch.nn.Module, not {type(model).__name__}; for a "
+            "diffusers pipeline use enable_pipeline_offload"
+        )
+    if settings is not None and config is not None:
+        raise TypeError("pass either settings= or config=, not both")
+    if settings is not None and not isinstance(settings, DynamicOffloadSettings):
+        raise TypeError(
+            f"settings must be a DynamicOffloadSettings, not {type(settings).__name__}"
+        )
+    existing = getattr(model, _ATTR, None)
+    if isinstance(existing, OffloadResult) and existing.active:
+        raise RuntimeError(
+            "this module already has an active ddo offload; call remove_offload(model) first"
+        )
+    _refuse_compiled(model)
+
+    model_class = model_class_name(model)
+    entries, kept = _gather(model)
+    overrides = dict(overrides)
+    if kept:
+        patterns = _resolved_skip_patterns(preset, settings, config, overrides)
+        overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in kept]
+
+    # preset=None means "DDO_PRESET, else auto": resolve through the settings loader.
+    if settings is None and config is None and preset is None:
+        settings = DynamicOffloadSettings.from_env(None)
+
+    progress = SetupProgress(label or model_class, record_event)
+    progress.start()
+    try:
+        native = _C.enable_offload_tree(
+            model_class,
+            entries,
+            preset=preset if preset is not None else "auto",
+            profile_name=profile_name or "",
+            build_profile=bool(build_profile),
+            settings=settings._native if settings is not None else None,
+            config=_config_fields(config),
+            overrides=overrides or None,
+            execution_device=execution_device or "",
+            record_event=progress,
+            device=device,
+        )
+    except BaseException:
+        progress.close(failed=True)
+        raise
+    progress.close()
+    result = OffloadResult(model, native, model_class, kept, progress.events)
+    try:
+        object.__setattr__(model, _ATTR, result)
+    except Exception:  # a module that forbids attributes still works through the result
+        pass
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points.
+# ---------------------------------------------------------------------------------------------
+
+
+def enable_offload(
+    model: nn.Module,
+    preset: Optional[str] = "auto",
+    profile_name: Optional[str] = None,
+    build_profile: bool = False,
+    settings: Optional[DynamicOffloadSettings] = None,
+    config: Optional[DynamicOffloadConfig | Mapping[str, Any]] = None,
+    execution_device: Optional[str] = None,
+    record_event: Optional[RecordEvent] = None,
+    **config_overrides: Any,
+) -> OffloadResult:
+    """Takes over weight placement of ``model`` (a transformer, UNet, VAE, text encoder, ...).
+
+    preset: ``auto`` (= one_shot_fast), low_ram_safe, wsl_compat, warm_process,
+        diffusers_offload_compat, diffusers_leaf_offload_compat, off; None = DDO_PRESET or auto.
+    profile_name: the named workload profile; None disables profile lookup.
+    build_profile: True for the calibration run (wrap the measured region in profile_run()).
+    settings: a resolved ``DynamicOffloadSettings`` (overrides still apply), or
+    config: an explicit ``DynamicOffloadConfig`` (replaces defaults, preset and DDO_* variables).
+    execution_device: "cuda:N", or "sim" for the host simulation; default the config's (cuda:0).
+    record_event: ``callable(name, seconds, payload)`` receiving setup events.
+    config_overrides: DynamicOffloadConfig fields by name; unknown names raise TypeError.
+
+    Errors: ValueError for bad values, RuntimeError for states that do not allow the call (e.g.
+    calibrating on a device that cannot measure, a torch.compile'd model), torch.OutOfMemoryError
+    when the device is full. A KeyboardInterrupt during setup leaves the model as it was.
+    """
+    return _enable(
+        model,
+        preset=preset,
+        profile_name=profile_name,
+        build_profile=build_profile,
+        settings=settings,
+        config=config,
+        execution_device=execution_device,
+        record_event=record_event,
+        overrides=config_overrides,
+    )
+
+
+def remove_offload(model_or_result: nn.Module | OffloadResult) -> bool:
+    """Restores a model offloaded by enable_offload. Returns False when none was attached."""
+    if isinstance(model_or_result, OffloadResult):
+        model_or_result.remove()
+        return True
+    result = getattr(model_or_result, _ATTR, None)
+    if not isinstance(result, OffloadResult):
+        return False
+    result.remove()
+    return True

@@ -1,0 +1,194 @@
+"""enable_pipeline_offload: one settings object over a diffusers pipeline's components.
+
+Every ``nn.Module`` component (transformer, unet, vae, text_encoder, ...) takes the route its
+policy names -- ``DDO_<COMPONENT>_ROUTE`` (dynamic, group_block, group_leaf, device, none) or the
+settings' own route -- and is offloaded by the same C++ enable_offload as a single model, on one
+shared execution device. Schedulers, tokenizers, feature extractors and other non-modules are
+skipped and listed. The profile options apply to one component: ``profile_component``, else the
+first on the dynamic route (the denoiser in diffusers' component order)::
+
+    offload = ddo.enable_pipeline_offload(pipe, profile_name="my-workload",
+                                          build_profile=calibrate)
+    with offload.profile_run() as profile_report:
+        image = pipe(prompt, num_inference_steps=28).images[0]
+
+This mirrors ddo::adapter::enable_pipeline_offload (C++), whose signature takes LibTorch
+modules; the per-component work is the C++ enable_offload.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from torch import nn
+
+from . import _C
+from .api import OffloadResult, ProfileRunContext, RecordEvent, _enable
+from .config import DynamicOffloadConfig, DynamicOffloadSettings
+
+__all__ = ["PipelineOffloadResult", "enable_pipeline_offload", "pipeline_components"]
+
+
+def pipeline_components(pipeline: Any) -> tuple[dict[str, nn.Module], dict[str, str]]:
+    """(name -> nn.Module in the pipeline's order, name -> why skipped) for a pipeline.
+
+    A diffusers ``DiffusionPipeline`` lists its parts in ``.components``; any other object is
+    read through its attributes (``vars``), so a plain namespace of modules works too.
+    """
+    raw = getattr(pipeline, "components", None)
+    if not isinstance(raw, Mapping):
+        if isinstance(pipeline, Mapping):
+            raw = pipeline
+        else:
+            raw = {k: v for k, v in vars(pipeline).items() if not k.startswith("_")}
+    modules: dict[str, nn.Module] = {}
+    skipped: dict[str, str] = {}
+    for name, value in raw.items():
+        if isinstance(value, nn.Module):
+            modules[name] = value
+        elif value is None:
+            skipped[name] = "absent (None)"
+        else:
+            skipped[name] = f"not an nn.Module ({type(value).__name__})"
+    return modules, skipped
+
+
+class PipelineOffloadResult:
+    """The offloads of a pipeline's components; ``profile_run()`` measures the profiled one."""
+
+    def __init__(
+        self,
+        components: dict[str, Optional[OffloadResult]],
+        routes: dict[str, str],
+        skipped: dict[str, str],
+        profiled: str,
+    ) -> None:
+        self.components = components  # name -> OffloadResult, None on the "none" route
+        self.routes = routes
+        self.skipped = skipped
+        self.profiled_component = profiled
+
+    def component(self, name: str) -> Optional[OffloadResult]:
+        if name not in self.components:
+            raise _C.NotFoundError(
+                f"pipeline has no offloaded component {name!r}; components: "
+                f"{', '.join(self.components)}"
+            )
+        return self.components[name]
+
+    def profile_run(self) -> ProfileRunContext:
+        offload = self.components.get(self.profiled_component) if self.profiled_component else None
+        if offload is None:
+            raise RuntimeError(
+                "profile_run() on a pipeline without a component on the dynamic route; route the "
+                "denoiser (e.g. transformer) to dynamic offload"
+            )
+        return offload.profile_run()
+
+    def remove(self) -> None:
+        """Restores every component, in reverse order."""
+        for offload in reversed(list(self.components.values())):
+            if offload is not None:
+                offload.remove()
+
+    def report(self) -> dict[str, Any]:
+        comps = {}
+        for name, offload in self.components.items():
+            one = offload.report() if offload is not None else {}
+            one["route_policy"] = self.routes[name]
+            comps[name] = one
+        return {
+            "profiled_component": self.profiled_component,
+            "components": comps,
+            "skipped": dict(self.skipped),
+        }
+
+    def summary(self) -> str:
+        out = []
+        for name, offload in self.components.items():
+            out.append(f"[{name}] route {self.routes[name]}\n")
+            if offload is not None:
+                out.append(offload.summary())
+        for name, why in self.skipped.items():
+            out.append(f"[{name}] skipped: {why}\n")
+        return "".join(out)
+
+    def __repr__(self) -> str:
+        routes = ", ".join(f"{k}={v}" for k, v in self.routes.items())
+        return f"<ddo.PipelineOffloadResult {routes}>"
+
+
+def enable_pipeline_offload(
+    pipeline: Any,
+    preset: Optional[str] = "auto",
+    profile_name: Optional[str] = None,
+    build_profile: bool = False,
+    settings: Optional[DynamicOffloadSettings] = None,
+    config: Optional[DynamicOffloadConfig | Mapping[str, Any]] = None,
+    execution_device: Optional[str] = None,
+    record_event: Optional[RecordEvent] = None,
+    profile_component: Optional[str] = None,
+    **config_overrides: Any,
+) -> PipelineOffloadResult:
+    """Offloads every nn.Module component of ``pipeline`` with one settings object.
+
+    Arguments as for ``enable_offload``; ``profile_component`` names the component the profile
+    options apply to (default: the first on the dynamic route). A failure on one component
+    restores the ones already done.
+    """
+    modules, skipped = pipeline_components(pipeline)
+    if settings is not None and config is not None:
+        raise TypeError("pass either settings= or config=, not both")
+    if settings is None:
+        settings = DynamicOffloadSettings.from_env(preset, config, **config_overrides)
+    elif config_overrides:
+        # Same rule as enable_offload: overrides apply on top of the given settings.
+        settings = DynamicOffloadSettings.from_env(
+            settings.requested_preset, settings.config, **config_overrides
+        )
+
+    routes = {name: settings.policy_for(name)["route"] for name in modules}
+    if profile_component is not None and profile_component not in modules:
+        raise _C.NotFoundError(
+            f"profile_component {profile_component!r} is not an nn.Module component of the "
+            f"pipeline; components: {', '.join(modules)}"
+        )
+    profiled = profile_component or next(
+        (name for name, route in routes.items() if route == "dynamic"), ""
+    )
+
+    cfg = settings.config
+    device_name = execution_device or cfg.execution_device
+    executing = settings.enabled and cfg.execution_mode != "plan" and device_name != "cpu"
+    device = _C.open_execution_device(device_name, cfg.to_dict()) if executing else None
+
+    done: dict[str, Optional[OffloadResult]] = {}
+    try:
+        for name, module in modules.items():
+            route = routes[name]
+            if route == "none":
+                done[name] = None
+                continue
+            overrides: dict[str, Any] = {"route": route}
+            is_profiled = name == profiled
+            if not is_profiled:
+                overrides.update(profile_name="", build_profile=False)
+            done[name] = _enable(
+                module,
+                preset=None,
+                profile_name=profile_name if is_profiled else None,
+                build_profile=bool(build_profile) if is_profiled else False,
+                settings=settings,
+                config=None,
+                execution_device=device_name,
+                record_event=record_event,
+                overrides=overrides,
+                device=device,
+                label=name,
+            )
+    except BaseException:
+        for offload in reversed(list(done.values())):
+            if offload is not None:
+                offload.remove()
+        raise
+    return PipelineOffloadResult(done, routes, skipped, profiled)

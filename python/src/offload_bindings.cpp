@@ -1,0 +1,285 @@
+// ddo._C, part two: enable_offload over a Python module tree, the Offload handle and its
+// measured region. Python (ddo/api.py) walks nn.Module.named_modules() once and passes plain
+// tuples plus the model's own tensors; torch's type caster hands those tensors over as
+// at::Tensor without copies, and ddo_torch re-points them in place (set_data), so the Python
+// Parameters stay the same objects and no Python code runs per op.
+//
+// Note [GIL and interrupts during setup]
+// Setup can take minutes (pinning tens of GiB), so it runs with the GIL released. ddo_torch
+// reports each setup phase through OffloadOptions::record_event; the binding's callback takes the
+// GIL, checks for signals (Ctrl-C) and forwards the event to the host's record_event. A pending
+// KeyboardInterrupt (or an exception from the host's callback) is raised from inside the
+// callback while a phase can still be undone: ddo_torch restores every tensor it replaced when a
+// phase throws, so the model is usable afterwards. The final "setup" event comes after placement,
+// where ddo_torch no longer rolls back; an interrupt seen there is held, the finished offload is
+// removed (restoring the model), and then the interrupt is raised.
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <c10/util/Exception.h>
+
+#include "ddo/core/inventory.h"
+#include "ddo/core/settings.h"
+#include "ddo/engine/device.h"
+#include "ddo/torch/enable_offload.h"
+#include "ddo/torch/interception.h"
+#include "ddo/torch/module_tree.h"
+#include "ddo/torch/profile_run.h"
+#include "py_common.h"
+
+namespace ddo::python {
+namespace {
+
+using nlohmann::json;
+
+// The tree from Python's tuples: (name, class_name, kind, is_leaf, [(tensor_name, tensor,
+// is_parameter), ...]) in named_modules() order.
+adapter::ModuleTree tree_from(const std::string& model_class, const py::list& entries) {
+  adapter::ModuleTree tree;
+  tree.model_class = model_class;
+  tree.entries.reserve(entries.size());
+  for (py::handle item : entries) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 5) throw py::type_error("module entries are 5-tuples");
+    adapter::ModuleEntry entry;
+    entry.name = t[0].cast<std::string>();
+    entry.class_name = t[1].cast<std::string>();
+    raise_status(core::parse_module_kind(t[2].cast<std::string>(), &entry.kind));
+    entry.is_leaf = t[3].cast<bool>();
+    for (py::handle slot_item : t[4].cast<py::list>()) {
+      auto slot = slot_item.cast<py::tuple>();
+      adapter::TensorSlot tensor_slot;
+      tensor_slot.name = slot[0].cast<std::string>();
+      tensor_slot.tensor = slot[1].cast<at::Tensor>();  // shares the TensorImpl: no copy
+      tensor_slot.is_parameter = slot[2].cast<bool>();
+      if (tensor_slot.tensor.defined()) entry.tensors.push_back(std::move(tensor_slot));
+    }
+    tree.entries.push_back(std::move(entry));
+  }
+  return tree;
+}
+
+// The setup-event callback of Note [GIL and interrupts during setup]. Shared with the callback
+// that ddo_torch keeps inside the Offload; the Python callable is dropped under the GIL.
+struct SetupEvents {
+  py::object host_callback;     // None or callable(name, seconds, payload)
+  std::exception_ptr deferred;  // an interrupt or host error seen at the final event
+  bool check_signals = true;
+
+  ~SetupEvents() {
+    if (!Py_IsInitialized()) {
+      host_callback.release();  // the interpreter is gone: leak rather than crash
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    host_callback = py::object();
+    deferred = nullptr;
+  }
+
+  static adapter::RecordEvent callback(const std::shared_ptr<SetupEvents>& events) {
+    return [events](const std::string& name, double seconds, const json& payload) {
+      py::gil_scoped_acquire gil;
+      const bool final_event = name == "setup";
+      try {
+        if (events->check_signals && PyErr_CheckSignals() != 0) throw py::error_already_set();
+        if (events->host_callback && !events->host_callback.is_none()) {
+          events->host_callback(name, seconds, from_json(payload));
+        }
+      } catch (py::error_already_set&) {
+        if (!final_event) throw;
+        if (!events->deferred) events->deferred = std::current_exception();
+      }
+    };
+  }
+};
+
+struct OffloadArgs {
+  std::string model_class;
+  py::list entries;
+  std::string preset = "auto";
+  std::string profile_name;
+  bool build_profile = false;
+  const core::DynamicOffloadSettings* settings = nullptr;
+  py::object config;  // None or a field dict
+  py::object overrides;
+  std::string execution_device;
+  py::object record_event;
+  py::object env;  // None or dict[str, str]
+  std::shared_ptr<engine::Device> device;
+  bool check_signals = true;
+};
+
+std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
+  adapter::OffloadOptions options;
+  options.preset = args.preset;
+  options.profile_name = args.profile_name;
+  options.build_profile = args.build_profile;
+  if (args.settings != nullptr) options.settings = *args.settings;
+  if (!args.config.is_none()) {
+    json fields = to_json(args.config, "config");
+    check_override_names(fields);
+    core::DynamicOffloadConfig config;
+    raise_status(core::apply_overrides(&config, fields));
+    options.config = config;
+  }
+  if (!args.overrides.is_none()) {
+    options.overrides = to_json(args.overrides, "overrides");
+    check_override_names(options.overrides);
+  }
+  options.execution_device = args.execution_device;
+  options.model_class = args.model_class;
+  if (!args.env.is_none()) {
+    auto env = args.env.cast<std::map<std::string, std::string>>();
+    options.env = core::EnvMap(env.begin(), env.end());
+  }
+  options.device = args.device;
+  adapter::ModuleTree tree = tree_from(args.model_class, args.entries);
+
+  auto events = std::make_shared<SetupEvents>();
+  events->host_callback = args.record_event;
+  events->check_signals = args.check_signals;
+  options.record_event = SetupEvents::callback(events);
+  std::unique_ptr<adapter::Offload> offload;
+  {
+    py::gil_scoped_release release;
+    offload = adapter::enable_offload_tree(std::move(tree), options);
+  }
+  if (events->deferred) {
+    std::exception_ptr deferred = std::exchange(events->deferred, nullptr);
+    {
+      py::gil_scoped_release release;
+      offload->remove();
+    }
+    offload.reset();
+    std::rethrow_exception(deferred);
+  }
+  return offload;
+}
+
+}  // namespace
+
+void bind_offload(py::module_& m) {
+  // c10::OutOfMemoryError (a full card, or the simulated one) -> torch.OutOfMemoryError, as torch
+  // itself raises it; other c10::Error -> RuntimeError with torch's message.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::OutOfMemoryError& e) {
+      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
+      PyErr_SetString(oom.ptr(), e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  py::class_<engine::Device, std::shared_ptr<engine::Device>>(
+      m, "Device", "An execution device shared by the components of a pipeline (opaque).");
+
+  m.def(
+      "open_execution_device",
+      [](const std::string& execution_device, py::handle config) {
+        core::DynamicOffloadConfig c;
+        if (!config.is_none()) {
+          json fields = to_json(config, "config");
+          check_override_names(fields);
+          raise_status(core::apply_overrides(&c, fields));
+        }
+        return adapter::open_execution_device(execution_device, c);
+      },
+      py::arg("execution_device"), py::arg("config") = py::none());
+
+  py::class_<adapter::ProfileRun, std::unique_ptr<adapter::ProfileRun>>(m, "ProfileRun")
+      .def(
+          "finish",
+          [](adapter::ProfileRun& run) {
+            json report;
+            {
+              py::gil_scoped_release release;
+              report = run.finish();
+            }
+            return from_json(report);
+          },
+          "Ends the region normally: measures and saves (calibration, probe). Returns the report.")
+      .def(
+          "abort",
+          [](adapter::ProfileRun& run) {
+            json report;
+            {
+              py::gil_scoped_release release;
+              report = run.abort();
+            }
+            return from_json(report);
+          },
+          "Ends the region without saving; the stored profile is untouched.")
+      .def("report", [](const adapter::ProfileRun& run) { return from_json(run.report()); })
+      .def_property_readonly("active", &adapter::ProfileRun::active);
+
+  py::class_<adapter::Offload, std::unique_ptr<adapter::Offload>>(m, "Offload")
+      .def(
+          "remove",
+          [](adapter::Offload& o) {
+            py::gil_scoped_release release;
+            o.remove();
+          },
+          "Restores the model: ordinary tensors on their original devices. Idempotent.")
+      .def_property_readonly("active", &adapter::Offload::active)
+      .def("profile_run",
+           [](adapter::Offload& o) {
+             std::unique_ptr<adapter::ProfileRun> run;
+             {
+               py::gil_scoped_release release;
+               run = std::make_unique<adapter::ProfileRun>(o.profile_run());
+             }
+             return run;
+           })
+      .def("profile_report", [](const adapter::Offload& o) { return from_json(o.profile_report()); })
+      .def("report", [](const adapter::Offload& o) { return from_json(o.report()); })
+      .def("summary", &adapter::Offload::summary)
+      .def("plan", [](const adapter::Offload& o) { return from_json(o.plan().to_json()); })
+      .def("settings", [](const adapter::Offload& o) { return o.settings(); })
+      .def("device", &adapter::Offload::device)
+      .def("reset_run_stats", &adapter::Offload::reset_run_stats);
+
+  m.def(
+      "enable_offload_tree",
+      [](const std::string& model_class, const py::list& entries, const std::string& preset,
+         const std::string& profile_name, bool build_profile,
+         const core::DynamicOffloadSettings* settings, py::object config, py::object overrides,
+         const std::string& execution_device, py::object record_event, py::object env,
+         std::shared_ptr<engine::Device> device, bool check_signals) {
+        OffloadArgs args;
+        args.model_class = model_class;
+        args.entries = entries;
+        args.preset = preset;
+        args.profile_name = profile_name;
+        args.build_profile = build_profile;
+        args.settings = settings;
+        args.config = std::move(config);
+        args.overrides = std::move(overrides);
+        args.execution_device = execution_device;
+        args.record_event = std::move(record_event);
+        args.env = std::move(env);
+        args.device = std::move(device);
+        args.check_signals = check_signals;
+        return enable(std::move(args));
+      },
+      py::arg("model_class"), py::arg("entries"), py::arg("preset") = "auto",
+      py::arg("profile_name") = "", py::arg("build_profile") = false,
+      py::arg("settings") = nullptr, py::arg("config") = py::none(),
+      py::arg("overrides") = py::none(), py::arg("execution_device") = "",
+      py::arg("record_event") = py::none(), py::arg("env") = py::none(),
+      py::arg("device") = nullptr, py::arg("check_signals") = true);
+
+  m.def("is_managed", &adapter::is_managed, py::arg("tensor"),
+        "True when the tensor is a streamed weight of an active offload.");
+  m.def("interception_active", &adapter::interception_active);
+}
+
+}  // namespace ddo::python

@@ -1,0 +1,204 @@
+"""Named workload profiles through the seed's exact code shape, on the sim device: calibrate ->
+save -> reuse, untouched on exceptions, names independent, manual budget and max cap, the
+environment variables, and the same files as the C++ store."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import ddo
+from ddo import enable_offload
+from helpers import TinyNet, tiny_inputs
+
+
+def make_workload():
+    model = TinyNet().eval()
+    ids = tiny_inputs()
+
+    @torch.no_grad()
+    def pipeline(**inputs):
+        return model(inputs["ids"])
+
+    return model, pipeline, {"ids": ids}
+
+
+def seed_run(model, pipeline, inputs, calibrate, name="my-workload", **overrides):
+    # The seed page's code, with the simulation device.
+    offload = enable_offload(
+        model, preset="auto", profile_name=name, build_profile=calibrate,
+        execution_device="sim", **overrides,
+    )
+    with offload.profile_run() as profile_report:
+        output = pipeline(**inputs)
+    offload.remove()
+    return output, profile_report
+
+
+def profile_file(model, name="my-workload"):
+    return ddo.profile_path(name, model)
+
+
+def test_calibrate_save_reuse(profile_dir):
+    model, pipeline, inputs = make_workload()
+    expected = pipeline(**inputs)
+
+    out, report = seed_run(model, pipeline, inputs, calibrate=True)
+    assert torch.equal(out, expected)
+    assert report["status"] == "saved", report
+    assert report["name"] == "my-workload"
+    assert report["profile_measurement_kind"] == "baseline"
+    for key in ("resident_budget_gb", "peak_vram_gb", "total_vram_gb", "headroom_gb", "path"):
+        assert key in report, key
+    json.dumps(report)
+    path = profile_file(model)
+    assert report["path"] == path
+    assert os.path.dirname(path) == str(profile_dir)
+    record = ddo.load_profile("my-workload", model)
+    assert record["identity"]["name"] == "my-workload"
+    assert record["identity"]["model_class"] == "TinyNet"  # the class qualified name
+    saved_budget = record["recommendation"]["resident_budget_gb"]
+    assert saved_budget == pytest.approx(report["resident_budget_gb"])
+
+    # Normal run: the recommendation is applied at setup; the region is a no-op.
+    before = open(path, "rb").read()
+    out, report = seed_run(model, pipeline, inputs, calibrate=False)
+    assert torch.equal(out, expected)
+    assert report["status"] == "applied", report
+    assert report["resident_budget_gb"] == pytest.approx(saved_budget)
+    assert open(path, "rb").read() == before
+
+
+def test_exception_inside_profile_run_leaves_the_profile_untouched():
+    model, pipeline, inputs = make_workload()
+    seed_run(model, pipeline, inputs, calibrate=True)
+    path = profile_file(model)
+    before = open(path, "rb").read()
+
+    offload = enable_offload(model, preset="auto", profile_name="my-workload",
+                             build_profile=True, execution_device="sim")
+    with pytest.raises(ZeroDivisionError):
+        with offload.profile_run() as report:
+            pipeline(**inputs)
+            1 / 0
+    assert report["status"] != "saved"
+    assert open(path, "rb").read() == before
+    offload.remove()
+
+    # And without a previous file, nothing is created.
+    other, pipeline2, inputs2 = make_workload()
+    offload = enable_offload(other, preset="auto", profile_name="never-saved",
+                             build_profile=True, execution_device="sim")
+    with pytest.raises(RuntimeError, match="boom"):
+        with offload.profile_run():
+            raise RuntimeError("boom")
+    offload.remove()
+    assert not os.path.exists(profile_file(other, "never-saved"))
+
+
+def test_different_names_are_independent():
+    model, pipeline, inputs = make_workload()
+    seed_run(model, pipeline, inputs, calibrate=True, name="video-5s")
+    a = open(profile_file(model, "video-5s"), "rb").read()
+    _, report = seed_run(model, pipeline, inputs, calibrate=False, name="video-8s")
+    assert report["status"] == "missing"
+    seed_run(model, pipeline, inputs, calibrate=True, name="video-8s")
+    assert profile_file(model, "video-5s") != profile_file(model, "video-8s")
+    assert open(profile_file(model, "video-5s"), "rb").read() == a
+    names = sorted(p["name"] for p in ddo.list_profiles())
+    assert names == ["video-5s", "video-8s"]
+
+
+def test_no_name_disables_profile_lookup():
+    model, pipeline, inputs = make_workload()
+    offload = enable_offload(model, preset="auto", execution_device="sim")
+    with offload.profile_run() as report:
+        pipeline(**inputs)
+    assert report["status"] == "disabled"
+    offload.remove()
+    with pytest.raises(ValueError, match="name"):
+        enable_offload(model, preset="auto", build_profile=True, execution_device="sim")
+
+
+def test_manual_budget_wins_over_the_profile():
+    model, pipeline, inputs = make_workload()
+    seed_run(model, pipeline, inputs, calibrate=True)
+    _, report = seed_run(model, pipeline, inputs, calibrate=False, resident_module_budget_gb=0.25)
+    assert report["resident_budget_gb"] == pytest.approx(0.25)
+    assert report.get("budget_source") == "manual"
+
+
+def test_max_cap_caps_the_recommendation():
+    model, pipeline, inputs = make_workload()
+    seed_run(model, pipeline, inputs, calibrate=True)
+    saved = ddo.load_profile("my-workload", model)["recommendation"]["resident_budget_gb"]
+    assert saved > 0.5
+    _, report = seed_run(model, pipeline, inputs, calibrate=False,
+                         max_resident_module_budget_gb=0.5)
+    assert report["status"] == "applied"
+    assert report["resident_budget_gb"] == pytest.approx(0.5)
+
+
+def test_profile_dir_env_is_honoured(monkeypatch, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv("DDO_PROFILE_DIR", str(elsewhere))
+    model, pipeline, inputs = make_workload()
+    _, report = seed_run(model, pipeline, inputs, calibrate=True)
+    assert os.path.dirname(report["path"]) == str(elsewhere)
+    files = os.listdir(elsewhere)
+    key = ddo.profile_key("my-workload", model)
+    assert f"ddo-profile-{key}.json" in files
+
+
+def test_headroom_env_is_honoured(monkeypatch):
+    model, pipeline, inputs = make_workload()
+    monkeypatch.setenv("DDO_PROFILE_VRAM_HEADROOM_GB", "2.5")
+    _, report = seed_run(model, pipeline, inputs, calibrate=True)
+    assert report["headroom_gb"] == pytest.approx(2.5)
+    expected = max(0.0, report["total_vram_gb"] - report["peak_vram_gb"] - 2.5)
+    assert report["resident_budget_gb"] == pytest.approx(expected, abs=1e-6)
+    monkeypatch.setenv("DDO_PROFILE_VRAM_HEADROOM_GB", "-1")
+    with pytest.raises(ValueError, match="headroom"):
+        seed_run(model, pipeline, inputs, calibrate=True)
+
+
+def test_nested_regions_are_refused():
+    model, pipeline, inputs = make_workload()
+    offload = enable_offload(model, preset="auto", profile_name="nested",
+                             build_profile=True, execution_device="sim")
+    with offload.profile_run():
+        with pytest.raises(RuntimeError):
+            with offload.profile_run():
+                pass
+    offload.remove()
+
+
+def test_calibration_on_a_device_that_cannot_measure_is_refused():
+    model, _, _ = make_workload()
+    with pytest.raises((RuntimeError, ValueError), match="cpu|plan"):
+        enable_offload(model, preset="auto", profile_name="x", build_profile=True,
+                       execution_device="cpu", execution_mode="plan")
+
+
+def test_python_profile_is_visible_to_the_cpp_store(profile_dir):
+    model, pipeline, inputs = make_workload()
+    _, report = seed_run(model, pipeline, inputs, calibrate=True, name="shared-with-cli")
+    key = ddo.profile_key("shared-with-cli", model)
+    # The C++ store (the same code `ddo profiles list` runs) sees it under the same file name.
+    store = ddo.ProfileStore(str(profile_dir))
+    listing = store.list()
+    assert [(p["name"], p["model_class"], p["profile_key"]) for p in listing] == [
+        ("shared-with-cli", "TinyNet", key)
+    ]
+    assert listing[0]["problem"] == ""
+    assert os.path.basename(report["path"]) == f"ddo-profile-{key}.json"
+    assert store.load_by_key(key)["identity"]["name"] == "shared-with-cli"
+    cli = os.environ.get("DDO_CLI") or shutil.which("ddo")
+    if cli:
+        out = subprocess.run([cli, "profiles", "list"], capture_output=True, text=True,
+                             env={**os.environ, "DDO_PROFILE_DIR": str(profile_dir)})
+        assert out.returncode == 0, out.stderr
+        assert "shared-with-cli" in out.stdout

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fills .deps/ (ignored by git) with the build dependencies the GPU machine lacks, so that
+# scripts/gpu.sh can build ddo there: that machine reaches no registry and has no apt.
+#
+#   scripts/gpu-prepare-deps.sh        # here, once (needs apt-get download: a Debian/Ubuntu host)
+#   device run: carry [".deps"], command "bash scripts/gpu.sh"
+#
+# What travels and why (see docs/design/0002-measurement.md, "The GPU script"):
+#   nlohmann-json3-dev, libcli11-dev    header-only, with CMake package files
+#   libfmt-dev + libfmt9                fmt headers and the shared library the fmt::fmt target links
+#   libgtest-dev + libgmock-dev         GoogleTest's static libraries and CMake package files
+#   libssl-dev + libssl3                OpenSSL headers and libcrypto (core hashes profile names)
+# They are Debian 12 builds (glibc 2.36, GCC 12): they load on any newer glibc/libstdc++, which is
+# what the GPU image (Ubuntu 24.04 with torch 2.11) has. Everything is unpacked with dpkg -x into
+# .deps/root (never into /); gpu.sh points CMAKE_PREFIX_PATH at .deps/root/usr only for the
+# packages the machine lacks.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEPS="$ROOT/.deps"
+PKGS="nlohmann-json3-dev libcli11-dev libfmt-dev libfmt9 libgtest-dev libgmock-dev libssl-dev libssl3"
+
+mkdir -p "$DEPS/debs" "$DEPS/root"
+cd "$DEPS/debs"
+if ! apt-get download $PKGS >/dev/null 2>&1; then
+  echo "gpu-prepare-deps: apt-get download failed; running apt-get update first" >&2
+  apt-get update -q >/dev/null
+  apt-get download $PKGS
+fi
+for deb in "$DEPS"/debs/*.deb; do dpkg -x "$deb" "$DEPS/root"; done
+# Keep the tree small (it travels with every device call, 64 MiB in all): no docs, no static
+# OpenSSL (the shared libcrypto is what links).
+rm -rf "$DEPS/root/usr/share/doc" "$DEPS/root/usr/share/man" "$DEPS/debs"
+rm -f "$DEPS"/root/usr/lib/x86_64-linux-gnu/libssl.a "$DEPS"/root/usr/lib/x86_64-linux-gnu/libcrypto.a
+# dpkg -x keeps absolute symlinks of some -dev packages; make them relative so they resolve
+# inside .deps wherever the tree lands.
+find "$DEPS/root" -type l | while read -r link; do
+  target=$(readlink "$link")
+  case "$target" in
+    /*) ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$DEPS/root$target")" "$link" ;;
+  esac
+done
+grep -qx '/.deps/' "$ROOT/.gitignore" 2>/dev/null || echo "gpu-prepare-deps: add /.deps/ to .gitignore" >&2
+du -sh "$DEPS" | sed 's/^/gpu-prepare-deps: .deps is /'

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Builds ddo on the GPU machine against that machine's torch, runs every test (GPU ones included)
+# and the benchmarks, and leaves logs and result files in $OUT. One device call; each step has
+# its own time limit so the whole stays inside one call's 10 minutes.
+#
+#   scripts/gpu-prepare-deps.sh                       # here, once: fills .deps/ (ignored)
+#   device run, carry [".deps"]:
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh            # build, tests, micro-benchmarks, W1
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh test       # build and tests only
+#     DDO_W1_CAPS=8,12 bash scripts/gpu.sh w1         # build and W1 for some caps only
+#
+# Steps (a mode runs a subset): build, test, micro (copy_engine, op_overhead), w1. Knobs:
+# DDO_GPU_JOBS (16), DDO_W1_SIZE (full), DDO_W1_CAPS (8,12,16,24,0), DDO_W1_STEPS (5),
+# DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release).
+#
+# The GPU machine reaches no registry: nlohmann-json, CLI11, fmt, GoogleTest and OpenSSL headers
+# come from .deps/ when the machine lacks them (scripts/gpu-prepare-deps.sh says what and why).
+# Without a GPU (here) the same script builds, runs the CPU tests and the benchmarks on the host
+# simulation (tiny model), and GPU tests skip saying "no CUDA GPU".
+#
+# $OUT receives at most 8 files: build.log, ctest.log, bench.log, copy_engine.json,
+# op_overhead.json, w1.json, w1.md, summary.txt.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+MODE=${1:-all}
+OUT=${OUT:-$ROOT/out-gpu}
+mkdir -p "$OUT"
+BUILD=${DDO_GPU_BUILD:-$ROOT/build-gpu}
+JOBS=${DDO_GPU_JOBS:-16}
+PY=${DDO_PYTHON:-python3}
+SUMMARY="$OUT/summary.txt"
+T_START=$(date +%s)
+export PYTHONUNBUFFERED=1 DDO_COMMIT=${DDO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+
+say() { echo "gpu.sh [$(($(date +%s) - T_START))s] $*" | tee -a "$SUMMARY"; }
+
+: >"$SUMMARY"
+say "mode=$MODE commit=$DDO_COMMIT"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
+  HAVE_GPU=1
+else
+  say "no nvidia-smi: no GPU here; GPU tests skip and benchmarks run on the host simulation"
+  HAVE_GPU=0
+fi
+
+# --- dependencies -------------------------------------------------------------------------------
+TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || {
+  say "FATAL: $PY cannot import torch; set DDO_PYTHON to the python that has torch 2.11"
+  exit 1
+}
+say "torch $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)') at $TORCH_PREFIX"
+DEPS_ROOT="$ROOT/.deps/root/usr"
+have_cmake_pkg() {  # a CMake package config installed on the system
+  ls /usr/lib/cmake/"$1" /usr/share/cmake/"$1" /usr/lib/x86_64-linux-gnu/cmake/"$1" \
+    /usr/local/lib/cmake/"$1" /usr/local/share/cmake/"$1" >/dev/null 2>&1
+}
+missing=""
+for pkg in nlohmann_json CLI11 fmt GTest; do have_cmake_pkg "$pkg" || missing="$missing $pkg"; done
+[ -f /usr/include/openssl/evp.h ] || missing="$missing OpenSSL"
+# DDO_FORCE_DEPS=1 uses .deps for everything (to test the carried copies on a full machine).
+[ "${DDO_FORCE_DEPS:-0}" = 1 ] && missing=" nlohmann_json CLI11 fmt GTest OpenSSL"
+PREFIX="$TORCH_PREFIX"
+EXTRA=()
+if [ -n "$missing" ]; then
+  if [ ! -d "$DEPS_ROOT" ]; then
+    say "FATAL: missing here:$missing; run scripts/gpu-prepare-deps.sh where apt works and carry .deps"
+    exit 1
+  fi
+  say "using .deps for:$missing"
+  PREFIX="$DEPS_ROOT;$TORCH_PREFIX"
+  case "$missing" in *OpenSSL*)
+    # Debian's OpenSSL keeps configuration.h in the multiarch include folder, which the compiler
+    # searches only under /usr/include.
+    EXTRA+=("-DOPENSSL_ROOT_DIR=$DEPS_ROOT" "-DCMAKE_CXX_FLAGS=-isystem $DEPS_ROOT/include/x86_64-linux-gnu")
+    export LD_LIBRARY_PATH="$DEPS_ROOT/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
+  esac
+  case "$missing" in *fmt*)
+    export LD_LIBRARY_PATH="$DEPS_ROOT/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
+  esac
+fi
+
+# --- build --------------------------------------------------------------------------------------
+# TORCH_CUDA_ARCH_LIST: torch's CMake otherwise compiles a GPU probe with the project's C++20
+# setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+build() {
+  if [ ! -f "$BUILD/build.ninja" ]; then
+    timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
+      -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" \
+      -DPython3_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 || {
+      say "FAIL: configure (build.log)"; tail -30 "$OUT/build.log"; return 1; }
+  fi
+  timeout "${DDO_BUILD_TIMEOUT:-330}" cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    say "FAIL: build rc=$rc (build.log)"; grep -E "error|FAILED" "$OUT/build.log" | head -20; return 1
+  fi
+  say "build ok"
+}
+
+run_tests() {
+  (cd "$BUILD" && timeout "${DDO_TEST_TIMEOUT:-180}" ctest --output-on-failure --timeout 120 \
+    -j "${DDO_CTEST_JOBS:-4}") >"$OUT/ctest.log" 2>&1
+  local rc=$?
+  say "ctest rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+  grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$OUT/ctest.log" | head -20 | tee -a "$SUMMARY"
+  echo "GPU tests skipped: $(grep -c 'no CUDA GPU' "$OUT/ctest.log")" | tee -a "$SUMMARY"
+}
+
+bench() {  # bench NAME TIMEOUT ARGS...
+  local name=$1 limit=$2
+  shift 2
+  local exe
+  exe=$(find "$BUILD" -maxdepth 3 -type f -name "$name" -perm -u+x | head -1)
+  if [ -z "$exe" ]; then say "FAIL: no $name executable"; return 1; fi
+  echo "== $name $*" >>"$OUT/bench.log"
+  timeout "$limit" "$exe" "$@" >>"$OUT/bench.log" 2>&1
+  local rc=$?
+  say "$name rc=$rc"
+  return $rc
+}
+
+micro() {
+  bench copy_engine 90 --out "$OUT/copy_engine.json" --commit "$DDO_COMMIT"
+  bench op_overhead 60 --out "$OUT/op_overhead.json" --commit "$DDO_COMMIT"
+}
+
+w1() {
+  local size=${DDO_W1_SIZE:-full} caps=${DDO_W1_CAPS:-8,12,16,24,0}
+  if [ "$HAVE_GPU" = 0 ]; then size=${DDO_W1_SIZE:-tiny}; caps=${DDO_W1_CAPS:-0.02,0}; fi
+  # What is left of a 9.5-minute call, less 20 s to write results.
+  local left=$((570 - ($(date +%s) - T_START) - 20))
+  [ $left -lt 60 ] && left=60
+  # shellcheck disable=SC2086
+  bench w1 "$left" --size "$size" --caps "$caps" --steps "${DDO_W1_STEPS:-5}" \
+    --routes "${DDO_W1_ROUTES:-calibrated,block,leaf}" --out "$OUT/w1.json" --md "$OUT/w1.md" \
+    --commit "$DDO_COMMIT" ${DDO_W1_ARGS:-}
+  [ -f "$OUT/w1.md" ] && cat "$OUT/w1.md" | tee -a "$SUMMARY"
+}
+
+case "$MODE" in
+  build) build ;;
+  test) build && run_tests ;;
+  micro) build && micro ;;
+  w1) build && w1 ;;
+  bench) build && micro && w1 ;;
+  all) build && { run_tests; micro; w1; } ;;
+  *) echo "usage: scripts/gpu.sh [all|build|test|micro|w1|bench]" >&2; exit 2 ;;
+esac
+rc=$?
+say "done rc=$rc"
+exit $rc

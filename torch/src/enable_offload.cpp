@@ -1,0 +1,750 @@
+// enable_offload: settings -> profile -> inventory -> plan -> placement, and the way back.
+//
+// See Note [Setup order] for why tensors are re-pointed unit by unit.
+#include "ddo/torch/enable_offload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <tuple>
+
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#ifdef DDO_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include "ddo/core/config.h"
+#include "ddo/engine/copy_scheduler.h"
+#include "ddo/engine/device.h"
+#include "ddo/engine/host_slab.h"
+#include "offload_state.h"
+#include "registration.h"
+
+namespace ddo::adapter {
+namespace internal {
+
+// Note [Setup order]
+// ------------------
+// Streamed weights are copied into host slabs and re-pointed (set_data) unit by unit, in chunks
+// of about 1 GiB, so each original storage can be freed as soon as its copy exists: for pageable
+// slabs the process holds about one copy of the model at any time. Pinned slabs are committed
+// when allocated, so pinning from an ordinary CPU model briefly holds both; the loader (spec §8)
+// avoids that by loading straight into the slabs.
+
+namespace {
+
+constexpr std::size_t kTensorAlignment = 256;  // staged views start 256-byte aligned
+constexpr std::size_t kFillChunkBytes = std::size_t{1} << 30;
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// Bytes from the tensor's first element to one past its last (non-negative strides).
+std::size_t span_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    TORCH_CHECK(t.stride(d) >= 0, "ddo: tensor with a negative stride cannot be offloaded");
+    last += (t.size(d) - 1) * t.stride(d);
+  }
+  return static_cast<std::size_t>(last + 1) * t.element_size();
+}
+
+// A CPU tensor whose bytes can be read at data_ptr (copies non-CPU tensors).
+at::Tensor host_source(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  return t.to(c10::kCPU);
+}
+
+void parallel_copy(const std::vector<std::tuple<void*, const void*, std::size_t>>& jobs,
+                   int workers) {
+  workers = std::max(1, std::min<int>(workers, static_cast<int>(jobs.size())));
+  if (workers == 1) {
+    for (const auto& [dst, src, n] : jobs) std::memcpy(dst, src, n);
+    return;
+  }
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&] {
+      for (std::size_t i = next++; i < jobs.size(); i = next++) {
+        const auto& [dst, src, n] = jobs[i];
+        std::memcpy(dst, src, n);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void emit(const OffloadState& s, const std::string& name, double seconds,
+          const nlohmann::json& payload) {
+  if (s.record_event) s.record_event(name, seconds, payload);
+}
+
+}  // namespace
+
+double gib(std::int64_t bytes) { return static_cast<double>(bytes) / core::kGiB; }
+
+std::string normalize_device_name(const std::string& device) {
+  if (device == "cpu") return device;
+  for (const char* prefix : {"sim", "cuda"}) {
+    const std::string p(prefix);
+    if (device == p) return p + ":0";
+    if (device.rfind(p + ":", 0) == 0) {
+      const std::string index = device.substr(p.size() + 1);
+      DDO_CHECK(!index.empty() && index.find_first_not_of("0123456789") == std::string::npos,
+                Code::kInvalidArgument, "execution_device \"", device,
+                "\" has a bad index; write e.g. ", p, ":0");
+      return device;
+    }
+  }
+  throw Error(Code::kInvalidArgument,
+              ddo::internal::str_cat("execution_device \"", device,
+                                "\" is not a device ddo executes on; use \"cuda:N\" (a GPU), "
+                                "\"sim\" / \"sim:N\" (the host simulation) or \"cpu\" (plan "
+                                "mode only)"));
+}
+
+namespace {
+int device_index(const std::string& normalized) {
+  const auto colon = normalized.find(':');
+  return colon == std::string::npos ? 0 : std::stoi(normalized.substr(colon + 1));
+}
+}  // namespace
+
+}  // namespace internal
+
+using internal::gib;
+using internal::OffloadState;
+
+std::shared_ptr<engine::Device> open_execution_device(const std::string& execution_device,
+                                                      const core::DynamicOffloadConfig& config) {
+  const std::string name = internal::normalize_device_name(execution_device);
+  const int index = internal::device_index(name);
+  if (name.rfind("sim", 0) == 0) {
+    engine::SimDeviceOptions o;
+    o.index = index;
+    if (config.sim_device_capacity_gb > 0) {
+      o.capacity_bytes = static_cast<std::int64_t>(config.sim_device_capacity_gb * core::kGiB);
+    }
+    if (config.vram_cap_gb > 0) {
+      o.capacity_bytes =
+          std::min(o.capacity_bytes, static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB));
+    }
+    o.pinnable_bytes = config.sim_pinnable_gb < 0
+                           ? -1
+                           : static_cast<std::int64_t>(config.sim_pinnable_gb * core::kGiB);
+    o.copy_bytes_per_second = config.sim_copy_gbps * 1e9;
+    return std::shared_ptr<engine::Device>(engine::make_sim_device(o));
+  }
+  DDO_CHECK(name.rfind("cuda", 0) == 0, Code::kInvalidArgument, "execution_device \"",
+            execution_device, "\" cannot execute an offload; \"cpu\" is for plan mode only "
+            "(execution_mode=plan); use \"cuda:N\" or \"sim\"");
+#ifdef DDO_HAVE_CUDA
+  DDO_CHECK(engine::cuda_available(), Code::kUnavailable, "execution_device \"", name,
+            "\" needs a GPU, but CUDA reports none; use execution_device=\"sim\" to run on the "
+            "host simulation");
+  const std::int64_t cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
+  if (cap > 0) throw_if_error(apply_vram_cap(index, cap));
+  engine::CudaDeviceOptions o;
+  o.index = index;
+  o.cap_bytes = cap;
+  // Through LibTorch's caching allocator, so its statistics and the emulated cap see ddo's
+  // staging and residents.
+  o.alloc = [index](std::size_t bytes) -> void* {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    return c10::cuda::CUDACachingAllocator::raw_alloc(bytes);
+  };
+  o.free = [index](void* ptr) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+  };
+  std::unique_ptr<engine::Device> dev;
+  throw_if_error(engine::make_cuda_device(o, &dev));
+  return std::shared_ptr<engine::Device>(std::move(dev));
+#else
+  throw Error(Code::kUnavailable,
+              ddo::internal::str_cat("execution_device \"", name,
+                                "\" needs a CUDA build of ddo; this build has no CUDA backend. "
+                                "Use execution_device=\"sim\""));
+#endif
+}
+
+namespace internal {
+namespace {
+
+core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
+                                              const core::EnvMap& env) {
+  core::DynamicOffloadSettings settings;
+  if (options.settings) {
+    settings = *options.settings;
+    if (!options.overrides.is_null() && !options.overrides.empty()) {
+      core::DynamicOffloadConfig config = settings.config;
+      throw_if_error(core::apply_overrides(&config, options.overrides));
+      settings.config = config;
+    }
+  } else {
+    core::SettingsRequest request;
+    request.preset = options.preset;
+    request.config = options.config;
+    request.overrides = options.overrides.is_null() ? nlohmann::json::object() : options.overrides;
+    settings = core::DynamicOffloadSettings::from_env(request, env);
+  }
+  core::DynamicOffloadConfig& c = settings.config;
+  if (!options.execution_device.empty()) c.execution_device = options.execution_device;
+  if (!options.profile_name.empty()) c.profile_name = options.profile_name;
+  if (options.build_profile) c.build_profile = true;
+  throw_if_error(core::validate_config(c));
+  return settings;
+}
+
+// Key of a tensor view for tied-weight detection: same storage, offset, shape, strides, dtype.
+using ViewKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+ViewKey view_key(const at::Tensor& t) {
+  return {t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+          t.strides().vec(), static_cast<int>(t.scalar_type())};
+}
+
+void set_weight(at::Tensor& handle, const at::Tensor& data) {
+  at::AutoGradMode no_grad(false);
+  handle.set_data(data);
+}
+
+// Moves the resident / move-once tensors of one module into one device allocation.
+void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& replaced_ids,
+                           engine::Stream stream) {
+  std::size_t total = 0;
+  std::vector<std::size_t> offsets;
+  for (std::size_t id : replaced_ids) {
+    offsets.push_back(total);
+    total += align_up(span_bytes(s.replaced[id].handle), kTensorAlignment);
+  }
+  if (total == 0) return;
+  void* chunk = nullptr;
+  Status st = s.device->allocate(total, &chunk);
+  if (!st.ok()) {
+    throw Error(st.code(), ddo::internal::str_cat("moving ", total, " bytes of resident and small ",
+                                             "tensors to ", s.device_name,
+                                             " failed: ", st.message()));
+  }
+  std::shared_ptr<engine::Device> dev = s.device;
+  std::shared_ptr<void> holder(chunk, [dev](void* p) { dev->deallocate(p); });
+  std::vector<at::Tensor> sources;
+  for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
+    const at::Tensor& t = s.replaced[replaced_ids[k]].handle;
+    at::Tensor src = host_source(t);
+    sources.push_back(src);
+    const std::size_t n = span_bytes(src);
+    if (n > 0) {
+      throw_if_error(s.device->copy_to_device_async(static_cast<char*>(chunk) + offsets[k],
+                                                    src.data_ptr(), n, stream));
+    }
+  }
+  s.device->synchronize_stream(stream);
+  for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
+    ReplacedTensor& r = s.replaced[replaced_ids[k]];
+    at::Tensor dev_tensor = at::for_blob(static_cast<char*>(chunk) + offsets[k], r.sizes)
+                                .strides(r.strides)
+                                .deleter([holder](void*) {})
+                                .options(at::TensorOptions()
+                                             .dtype(r.handle.dtype())
+                                             .device(s.torch_device))
+                                .target_device(s.torch_device)
+                                .make_tensor();
+    set_weight(r.handle, dev_tensor);
+  }
+}
+
+void apply_plan(OffloadState& s, int pin_workers) {
+  const core::Plan& plan = s.plan;
+  const core::DynamicOffloadConfig& config = s.settings.config;
+
+  // 1. Every tensor the plan touches, with its original look; tied views follow the first.
+  std::map<ViewKey, int> first_of_view;
+  std::vector<std::vector<int>> replaced_of(s.tree.entries.size());
+  for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
+    ModuleEntry& entry = s.tree.entries[m];
+    replaced_of[m].assign(entry.tensors.size(), -1);
+    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
+      const core::TensorAction action = plan.modules[m].tensors[t].action;
+      at::Tensor& handle = entry.tensors[t].tensor;
+      const std::int64_t bytes = handle.numel() * handle.element_size();
+      if (action == core::TensorAction::kKeep) {
+        s.setup.kept_bytes += bytes;
+        continue;
+      }
+      if (action != core::TensorAction::kStream && handle.device() == s.torch_device &&
+          s.kind == engine::DeviceKind::kCuda) {
+        continue;  // already on the execution device
+      }
+      ReplacedTensor r;
+      r.handle = handle;
+      r.sizes = handle.sizes().vec();
+      r.strides = handle.strides().vec();
+      r.original_device = handle.device();
+      r.requires_grad = handle.requires_grad();
+      r.action = action;
+      auto [it, inserted] = first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
+      if (!inserted) r.tied_to = it->second;
+      replaced_of[m][t] = static_cast<int>(s.replaced.size());
+      s.replaced.push_back(std::move(r));
+    }
+  }
+
+  // 2. Residents and move-once tensors, one device allocation per module.
+  auto t0 = Clock::now();
+  engine::Stream stream = s.device->create_stream();
+  for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
+    std::vector<std::size_t> ids;
+    bool resident = plan.modules[m].placement == core::Placement::kResident;
+    for (std::size_t t = 0; t < replaced_of[m].size(); ++t) {
+      const int id = replaced_of[m][t];
+      if (id < 0 || s.replaced[id].tied_to >= 0) continue;
+      const core::TensorAction a = s.replaced[id].action;
+      if (a != core::TensorAction::kResident && a != core::TensorAction::kMoveOnce) continue;
+      const std::int64_t bytes = s.replaced[id].handle.numel() * s.replaced[id].handle.element_size();
+      (a == core::TensorAction::kResident ? s.setup.resident_bytes : s.setup.move_once_bytes) += bytes;
+      ids.push_back(static_cast<std::size_t>(id));
+    }
+    if (resident) ++s.setup.resident_modules;
+    move_module_to_device(s, ids, stream);
+  }
+  s.device->destroy_stream(stream);
+  s.setup.moves_seconds = seconds_since(t0);
+
+  // 3. Streamed tensors: host slabs (one entry per unit), the scheduler, managed storages.
+  t0 = Clock::now();
+  struct UnitLayout {
+    std::vector<int> ids;                // replaced ids, model order
+    std::vector<std::size_t> offsets;    // byte offsets inside the unit
+    std::size_t bytes = 0;
+    bool pinned = false;
+  };
+  std::vector<UnitLayout> units;
+  std::vector<bool> patched(s.tree.entries.size(), false);
+  for (const core::StreamUnit& su : plan.stream_units) {
+    UnitLayout u;
+    for (const core::TensorRef& ref : su.tensors) {
+      const int id = replaced_of[ref.module][ref.tensor];
+      if (id < 0 || s.replaced[id].tied_to >= 0) continue;
+      u.offsets.push_back(u.bytes);
+      u.ids.push_back(id);
+      u.bytes += align_up(span_bytes(s.replaced[id].handle), kTensorAlignment);
+      u.pinned = u.pinned || plan.modules[ref.module].tensors[ref.tensor].pin;
+      patched[ref.module] = true;
+    }
+    if (u.bytes > 0) units.push_back(std::move(u));
+  }
+  s.setup.modules_patched = static_cast<int>(std::count(patched.begin(), patched.end(), true));
+  s.setup.stream_units = static_cast<int>(units.size());
+  if (!units.empty()) {
+    auto rt = std::make_shared<StreamRuntime>();
+    rt->kind = s.kind;
+    rt->execution_device = s.torch_device;
+    rt->sticky_units = config.route == core::Route::kGroupBlock ||
+                       config.route == core::Route::kGroupLeaf;
+    rt->device = s.device;
+    rt->interception = acquire_interception();
+
+    std::vector<engine::SlabTensor> slab_tensors;
+    for (const UnitLayout& u : units) slab_tensors.push_back({u.bytes, u.pinned && s.settings.pin_effective});
+    engine::HostSlabOptions slab_options;
+    slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
+    throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &rt->slabs));
+
+    engine::SchedulerOptions so;
+    so.staging_bytes = static_cast<std::size_t>(config.staging_mb * core::kMiB);
+    so.window_bytes = static_cast<std::size_t>(config.prefetch_window_mb * core::kMiB);
+    if (rt->sticky_units) {
+      // The classic routes prefetch exactly one group ahead.
+      std::size_t largest = 0;
+      for (const UnitLayout& u : units) largest = std::max(largest, u.bytes);
+      so.window_bytes = largest;
+    }
+    so.use_side_stream = s.settings.side_streams_effective;
+    rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
+    rt->scheduler = rt->scheduler_owner.get();
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const int id = rt->scheduler->add(rt->slabs->tensor_ptr(i), units[i].bytes,
+                                        rt->slabs->tensor_pinned(i));
+      DDO_ASSERT(id == static_cast<int>(i), "scheduler unit ids must follow add() order");
+    }
+
+    // Fill and re-point in chunks (Note [Setup order]).
+    std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
+    std::vector<std::pair<std::size_t, std::size_t>> pending;  // (unit, index in unit)
+    std::vector<at::Tensor> keep_sources;
+    std::size_t chunk_bytes = 0;
+    auto flush = [&] {
+      parallel_copy(jobs, pin_workers);
+      for (const auto& [ui, k] : pending) {
+        const UnitLayout& u = units[ui];
+        ReplacedTensor& r = s.replaced[u.ids[k]];
+        char* data = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
+        at::Tensor managed = make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
+                                                 r.handle.scalar_type(), rt,
+                                                 static_cast<int>(ui), u.offsets[k]);
+        set_weight(r.handle, managed);
+        if (r.handle.requires_grad()) r.handle.set_requires_grad(false);
+      }
+      jobs.clear();
+      pending.clear();
+      keep_sources.clear();
+      chunk_bytes = 0;
+    };
+    for (std::size_t ui = 0; ui < units.size(); ++ui) {
+      const UnitLayout& u = units[ui];
+      for (std::size_t k = 0; k < u.ids.size(); ++k) {
+        const at::Tensor& h = s.replaced[u.ids[k]].handle;
+        at::Tensor src = host_source(h);
+        const std::size_t n = span_bytes(src);
+        s.setup.streamed_bytes += h.numel() * h.element_size();
+        if (n > 0) {
+          jobs.emplace_back(static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k],
+                            src.data_ptr(), n);
+        }
+        keep_sources.push_back(std::move(src));
+        pending.emplace_back(ui, k);
+        chunk_bytes += n;
+      }
+      if (chunk_bytes >= kFillChunkBytes) flush();
+    }
+    flush();
+    const engine::HostSlabStats& hs = rt->slabs->stats();
+    s.setup.pinned_bytes = hs.pinned_bytes;
+    s.setup.pageable_bytes = hs.pageable_bytes;
+    s.setup.pin_fallback_bytes = hs.pin_fallback_bytes;
+    s.setup.pin_seconds = seconds_since(t0);
+    emit(s, "pin", s.setup.pin_seconds,
+         {{"pinned_bytes", hs.pinned_bytes},
+          {"pageable_bytes", hs.pageable_bytes},
+          {"pin_fallback_bytes", hs.pin_fallback_bytes},
+          {"slabs", hs.pinned_slabs + hs.pageable_slabs},
+          {"units", units.size()}});
+
+    t0 = Clock::now();
+    throw_if_error(rt->scheduler->finalize());
+    s.setup.staging_bytes = static_cast<std::int64_t>(rt->scheduler->staging_bytes());
+    s.setup.moves_seconds += seconds_since(t0);
+    s.runtime = std::move(rt);
+  }
+  emit(s, "moves", s.setup.moves_seconds,
+       {{"resident_bytes", s.setup.resident_bytes},
+        {"move_once_bytes", s.setup.move_once_bytes},
+        {"staging_bytes", s.setup.staging_bytes},
+        {"resident_modules", s.setup.resident_modules}});
+
+  // Tied views follow their first tensor.
+  for (ReplacedTensor& r : s.replaced) {
+    if (r.tied_to < 0) continue;
+    at::Tensor target = s.replaced[r.tied_to].handle;
+    set_weight(r.handle, target.detach());
+    if (r.handle.requires_grad() && managed_of(target) != nullptr) r.handle.set_requires_grad(false);
+  }
+}
+
+}  // namespace
+
+void OffloadState::restore() {
+  if (!active) return;
+  active = false;
+  ScopedUncountedCpuAllocations uncounted;
+  if (runtime) {
+    runtime->release_held();
+    runtime->scheduler->drain();
+  }
+  if (device) device->synchronize_stream(engine::kDefaultStream);
+  at::AutoGradMode no_grad(false);
+  std::vector<at::Tensor> restored(replaced.size());
+  for (std::size_t i = 0; i < replaced.size(); ++i) {
+    ReplacedTensor& r = replaced[i];
+    if (r.tied_to >= 0) {
+      restored[i] = restored[r.tied_to];
+    } else {
+      at::Tensor fresh = at::empty_strided(r.sizes, r.strides,
+                                           at::TensorOptions().dtype(r.handle.dtype()));
+      fresh.copy_(r.handle.detach());
+      if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);
+      restored[i] = fresh;
+    }
+    r.handle.set_data(restored[i]);
+    if (r.handle.is_leaf() && r.handle.requires_grad() != r.requires_grad) {
+      r.handle.set_requires_grad(r.requires_grad);
+    }
+  }
+  replaced.clear();
+  runtime.reset();
+  counting.reset();
+}
+
+}  // namespace internal
+
+// --- enable_offload ------------------------------------------------------------------------------
+
+std::unique_ptr<Offload> enable_offload(torch::nn::Module& model, const OffloadOptions& options) {
+  return enable_offload_tree(module_tree_from(model), options);
+}
+
+std::unique_ptr<Offload> enable_offload(const std::shared_ptr<torch::nn::Module>& model,
+                                        const OffloadOptions& options) {
+  DDO_CHECK(model != nullptr, Code::kInvalidArgument, "enable_offload got a null module");
+  return enable_offload(*model, options);
+}
+
+std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions& options) {
+  const auto start = internal::Clock::now();
+  auto s = std::make_unique<OffloadState>();
+  s->tree = std::move(tree);
+  s->model_class = options.model_class.empty() ? s->tree.model_class : options.model_class;
+  s->tree.model_class = s->model_class;
+  s->record_event = options.record_event;
+  const core::EnvMap env = options.env ? *options.env : core::process_env();
+
+  // Settings.
+  auto t0 = internal::Clock::now();
+  s->settings = internal::resolve_settings(options, env);
+  core::DynamicOffloadConfig& config = s->settings.config;
+  s->device_name = internal::normalize_device_name(config.execution_device);
+  config.execution_device = s->device_name;
+  const bool plan_only = config.execution_mode == core::ExecutionMode::kPlan || !s->settings.enabled;
+  s->executing = !plan_only;
+  if (s->device_name.rfind("cuda", 0) == 0) {
+    s->kind = engine::DeviceKind::kCuda;
+    s->torch_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
+                                                  internal::device_index(s->device_name)));
+  } else {
+    s->kind = engine::DeviceKind::kSim;
+    s->torch_device = c10::Device(c10::kCPU);
+  }
+  DDO_CHECK(!(s->executing && s->device_name == "cpu"), Code::kInvalidArgument,
+            "execution_device \"cpu\" is valid only in plan mode (execution_mode=plan); use "
+            "\"cuda:N\" for a GPU or \"sim\" for the host simulation");
+
+  // The device and its memory facts.
+  std::int64_t total_vram = 0;
+  if (s->executing) {
+    s->device = options.device ? options.device : open_execution_device(s->device_name, config);
+    total_vram = s->device->memory().total_bytes;
+    if (s->kind == engine::DeviceKind::kSim) {
+      s->probe = make_sim_memory_probe(*s->device);
+      s->counting = std::make_unique<ScopedCountingCpuAllocator>(
+          CountingCpuAllocatorOptions{.device = s->device.get()});
+    } else {
+      throw_if_error(make_cuda_memory_probe(internal::device_index(s->device_name), &s->probe));
+      total_vram = s->probe->snapshot().total_bytes;
+    }
+  } else if (s->kind == engine::DeviceKind::kSim) {
+    total_vram = static_cast<std::int64_t>(
+        (config.sim_device_capacity_gb > 0 ? config.sim_device_capacity_gb : 8.0) * core::kGiB);
+  }
+  if (config.vram_cap_gb > 0) {
+    const auto cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
+    total_vram = total_vram > 0 ? std::min(total_vram, cap) : cap;
+  }
+  s->setup.resolve_seconds = internal::seconds_since(t0);
+
+  // Profile.
+  {
+    core::ProfileStoreOptions so;
+    if (!config.profile_name.empty()) so.directory = core::resolve_profile_dir(env);
+    s->store = std::make_unique<core::ProfileStore>(std::move(so));
+    core::DeviceFacts facts;
+    facts.is_cuda_like = s->device_name != "cpu";
+    facts.total_vram_bytes = total_vram;
+    s->prepared = core::prepare_profile(config, s->model_class, *s->store, facts);
+    s->profile_report = s->prepared.report.to_json();
+  }
+
+  // Inventory and plan.
+  t0 = internal::Clock::now();
+  s->inventory = to_inventory(s->tree, s->torch_device);
+  core::PlanContext ctx;
+  ctx.total_vram_bytes = total_vram;
+  ctx.available_ram_bytes = s->settings.available_ram_bytes();
+  ctx.calibrating = s->prepared.region == core::RegionAction::kCalibrate;
+  ctx.pin_allowed = !(s->settings.wsl && config.disable_pin_on_wsl);
+  if (s->prepared.resident_budget_gb && !ctx.calibrating &&
+      s->prepared.report.budget_source.value_or("") != "manual") {
+    ctx.profile_budget_bytes =
+        static_cast<std::int64_t>(*s->prepared.resident_budget_gb * core::kGiB);
+  }
+  s->plan = core::make_plan(s->inventory, config, ctx);
+  s->setup.plan_seconds = internal::seconds_since(t0);
+  internal::emit(*s, "plan", s->setup.plan_seconds,
+                 {{"modules", s->inventory.modules.size()},
+                  {"resident_budget_bytes", s->plan.resident_budget_bytes},
+                  {"streamed_bytes", s->plan.streamed_bytes},
+                  {"stream_units", s->plan.stream_units.size()},
+                  {"execute", s->executing}});
+
+  // Placement.
+  if (s->executing) {
+    ScopedUncountedCpuAllocations uncounted;
+    try {
+      internal::apply_plan(*s, config.pin_cpu_workers);
+    } catch (...) {
+      s->restore();  // leave the model as it was
+      throw;
+    }
+  } else {
+    s->active = false;
+  }
+  s->setup.total_seconds = internal::seconds_since(start);
+  internal::emit(*s, "setup", s->setup.total_seconds,
+                 {{"device", s->device_name}, {"preset", s->settings.effective_preset}});
+  auto offload = std::unique_ptr<Offload>(new Offload(std::move(s)));
+  return offload;
+}
+
+// --- Offload -------------------------------------------------------------------------------------
+
+Offload::Offload(std::unique_ptr<internal::OffloadState> state) : state_(std::move(state)) {}
+
+Offload::~Offload() {
+  try {
+    remove();
+  } catch (const std::exception& e) {
+    // A destructor must not throw; the model may be left partly restored.
+    std::fprintf(stderr, "ddo: warning: restoring the model failed: %s\n", e.what());
+  }
+}
+
+void Offload::remove() { state_->restore(); }
+bool Offload::active() const { return state_->active; }
+const core::Plan& Offload::plan() const { return state_->plan; }
+const core::DynamicOffloadSettings& Offload::settings() const { return state_->settings; }
+std::shared_ptr<engine::Device> Offload::device() const { return state_->device; }
+nlohmann::json Offload::profile_report() const { return state_->profile_report; }
+
+void Offload::reset_run_stats() {
+  if (state_->runtime) state_->runtime->scheduler->reset_stats();
+  if (state_->probe) state_->probe->reset_peak();
+}
+
+nlohmann::json Offload::report() const {
+  const OffloadState& s = *state_;
+  const internal::SetupFigures& f = s.setup;
+  nlohmann::json r;
+  r["model_class"] = s.model_class;
+  r["execution_device"] = s.device_name;
+  r["preset"] = s.settings.effective_preset;
+  r["requested_preset"] = s.settings.requested_preset;
+  r["execution_mode"] = core::to_string(s.settings.config.execution_mode);
+  r["route"] = core::to_string(s.settings.config.route);
+  r["executing"] = s.executing;
+  r["active"] = s.active;
+  r["setup"] = {{"seconds", f.total_seconds},
+                {"resolve_seconds", f.resolve_seconds},
+                {"plan_seconds", f.plan_seconds},
+                {"pin_seconds", f.pin_seconds},
+                {"moves_seconds", f.moves_seconds},
+                {"bytes", {{"resident", f.resident_bytes},
+                           {"move_once", f.move_once_bytes},
+                           {"streamed", f.streamed_bytes},
+                           {"kept", f.kept_bytes}}},
+                {"pinned_bytes", f.pinned_bytes},
+                {"pageable_bytes", f.pageable_bytes},
+                {"pin_fallback_bytes", f.pin_fallback_bytes},
+                {"staging_bytes", f.staging_bytes},
+                {"stream_units", f.stream_units}};
+  r["modules_patched"] = f.modules_patched;
+  r["resident_modules"] = s.plan.resident_module_names();
+  r["resident_bytes"] = f.resident_bytes;
+  r["pinned_bytes"] = f.pinned_bytes;
+  nlohmann::json decisions = nlohmann::json::array();
+  for (const core::Decision& d : s.plan.decisions) {
+    decisions.push_back({{"name", d.name}, {"inputs", d.inputs}, {"detail", d.detail}});
+  }
+  r["decisions"] = std::move(decisions);
+  nlohmann::json run = nlohmann::json::object();
+  if (s.runtime) {
+    const engine::SchedulerStats st = s.runtime->scheduler->stats();
+    run["intercepted_ops"] = s.runtime->intercepted_ops;
+    run["acquires"] = st.acquires;
+    run["bytes_streamed"] = st.bytes_copied;
+    run["copy_ms"] = st.copy_ms;
+    run["compute_wait_ms"] = st.wait_ms;
+    run["achieved_gbps"] = st.copy_ms > 0 ? static_cast<double>(st.bytes_copied) / (st.copy_ms * 1e6) : 0.0;
+    run["prefetch_hits"] = st.prefetch_hits;
+    run["on_demand"] = st.on_demand;
+    run["order_misses"] = st.order_misses;
+    run["relearns"] = st.relearns;
+    run["trace_length"] = st.trace_length;
+    run["peak_in_flight_bytes"] = st.peak_in_flight_bytes;
+  }
+  if (s.probe) {
+    const MemorySnapshot snap = s.probe->snapshot();
+    run["total_vram_bytes"] = snap.total_bytes;
+    run["vram_used_bytes"] = snap.driver_used_bytes;
+    run["peak_reserved_bytes"] = snap.allocator_peak_reserved_bytes;
+    run["peak_vram_gb"] = gib(std::max(snap.driver_used_bytes, snap.allocator_peak_reserved_bytes));
+  }
+  r["run"] = std::move(run);
+  r["profile_report"] = s.profile_report;
+  r["plan"] = {{"resident_budget_bytes", s.plan.resident_budget_bytes},
+               {"resident_used_bytes", s.plan.resident_used_bytes},
+               {"always_resident_bytes", s.plan.always_resident_bytes},
+               {"streamed_bytes", s.plan.streamed_bytes},
+               {"move_once_bytes", s.plan.move_once_bytes},
+               {"block_pattern", s.plan.block_pattern}};
+  return r;
+}
+
+std::string Offload::summary() const {
+  const OffloadState& s = *state_;
+  const nlohmann::json r = report();
+  std::ostringstream out;
+  out << fmt::format("ddo offload of {} on {} (preset {}, {}, route {}){}\n", s.model_class,
+                     s.device_name, s.settings.effective_preset,
+                     core::to_string(s.settings.config.execution_mode),
+                     core::to_string(s.settings.config.route),
+                     s.executing ? "" : " -- plan only, nothing moved");
+  out << fmt::format(
+      "  setup {:.2f} s (plan {:.2f}, pin {:.2f}, moves {:.2f}); resident {:.2f} GiB in {} "
+      "modules, move-once {:.2f} GiB, streamed {:.2f} GiB in {} units, pinned {:.2f} GiB, "
+      "staging {:.2f} GiB\n",
+      s.setup.total_seconds, s.setup.plan_seconds, s.setup.pin_seconds, s.setup.moves_seconds,
+      gib(s.setup.resident_bytes), s.setup.resident_modules, gib(s.setup.move_once_bytes),
+      gib(s.setup.streamed_bytes), s.setup.stream_units, gib(s.setup.pinned_bytes),
+      gib(s.setup.staging_bytes));
+  const nlohmann::json& run = r["run"];
+  if (run.contains("bytes_streamed")) {
+    out << fmt::format(
+        "  run: {} intercepted ops, streamed {:.3f} GiB, copy {:.1f} ms, compute waited {:.1f} ms, "
+        "{:.1f} GB/s, {} prefetch hits, {} on demand, {} order misses\n",
+        run["intercepted_ops"].get<std::int64_t>(),
+        gib(run["bytes_streamed"].get<std::int64_t>()), run["copy_ms"].get<double>(),
+        run["compute_wait_ms"].get<double>(), run["achieved_gbps"].get<double>(),
+        run["prefetch_hits"].get<std::int64_t>(), run["on_demand"].get<std::int64_t>(),
+        run["order_misses"].get<std::int64_t>());
+  }
+  if (run.contains("peak_vram_gb")) {
+    out << fmt::format("  memory: peak {:.2f} GiB of {:.2f} GiB\n",
+                       run["peak_vram_gb"].get<double>(),
+                       gib(run["total_vram_bytes"].get<std::int64_t>()));
+  }
+  const nlohmann::json& p = s.profile_report;
+  if (p.contains("status")) {
+    out << "  profile: " << p.value("name", std::string()) << " "
+        << p["status"].get<std::string>();
+    if (p.contains("resident_budget_gb") && !p["resident_budget_gb"].is_null()) {
+      out << fmt::format(", resident budget {:.2f} GiB", p["resident_budget_gb"].get<double>());
+    }
+    out << "\n";
+  }
+  out << s.plan.summary();
+  return out.str();
+}
+
+}  // namespace ddo::adapter

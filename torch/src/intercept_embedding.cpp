@@ -1,0 +1,42 @@
+// Interception of aten::embedding: stock Embedding modules (C++ and Python) reach it directly.
+// The original is the CompositeExplicitAutograd kernel (an index_select of the staged table).
+// An Embedding with max_norm renormalises its weight in place (embedding_renorm_) before the
+// lookup; ddo does not stream such weights' in-place updates (managed weights are read-only).
+#include "intercept_common.h"
+#include "kernels.h"
+
+#include <ATen/ops/embedding_compositeexplicitautograd_dispatch.h>
+
+
+namespace ddo::adapter::internal::kernels {
+namespace {
+
+at::Tensor embedding_staged(engine::DeviceKind kind, const at::Tensor& weight,
+                            const at::Tensor& indices, int64_t padding_idx,
+                            bool scale_grad_by_freq, bool sparse) {
+  if (C10_LIKELY(!any_managed(weight, indices))) {
+    return at::compositeexplicitautograd::embedding(weight, indices, padding_idx,
+                                                    scale_grad_by_freq, sparse);
+  }
+  StageScope scope(kind, "embedding");
+  return at::compositeexplicitautograd::embedding(scope.stage(weight), scope.stage(indices),
+                                                  padding_idx, scale_grad_by_freq, sparse);
+}
+
+}  // namespace
+
+at::Tensor embedding_cpu(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
+                         bool scale_grad_by_freq, bool sparse) {
+  return embedding_staged(engine::DeviceKind::kSim, weight, indices, padding_idx,
+                          scale_grad_by_freq, sparse);
+}
+
+#ifdef DDO_HAVE_CUDA
+at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices,
+                          int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
+  return embedding_staged(engine::DeviceKind::kCuda, weight, indices, padding_idx,
+                          scale_grad_by_freq, sparse);
+}
+#endif
+
+}  // namespace ddo::adapter::internal::kernels

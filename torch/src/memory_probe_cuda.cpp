@@ -1,0 +1,204 @@
+// The CUDA half of MemoryProbe: the driver view (cudaMemGetInfo), LibTorch's caching allocator
+// figures, and the emulated VRAM cap. Built without CUDA, every entry point reports kUnavailable.
+#include "ddo/torch/memory_probe.h"
+
+#include <algorithm>
+#include <array>
+
+#if DDO_HAVE_CUDA
+#include <ATen/Context.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ddo::adapter {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+// The cap per device, 0 when none. Atomic: probes' sampling threads read it.
+std::array<std::atomic<std::int64_t>, kMaxDevices> g_caps{};
+
+}  // namespace
+
+std::int64_t vram_cap_bytes(int device) {
+  if (device < 0 || device >= kMaxDevices) return 0;
+  return g_caps[device].load();
+}
+
+#if DDO_HAVE_CUDA
+
+namespace {
+
+using c10::CachingDeviceAllocator::StatType;
+
+constexpr auto kAggregate = static_cast<std::size_t>(StatType::AGGREGATE);
+
+Status check_device(int device) {
+  if (!cuda_memory_probe_available()) {
+    return Status(Code::kUnavailable, "no CUDA GPU is visible to LibTorch in this process");
+  }
+  const int count = c10::cuda::device_count();
+  if (device < 0 || device >= count || device >= kMaxDevices) {
+    return Status(Code::kInvalidArgument,
+                  internal::str_cat("CUDA device ", device, " does not exist; this machine has ",
+                                    count, " (cuda:0 .. cuda:", count - 1, ")"));
+  }
+  // The caching allocator is created by LibTorch's lazy CUDA initialisation; its statistics and
+  // memory fraction assert that it exists.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  return Status();
+}
+
+struct DriverMemory {
+  std::int64_t free = 0;
+  std::int64_t total = 0;
+};
+
+Status driver_memory(int device, DriverMemory* out) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  std::size_t free = 0;
+  std::size_t total = 0;
+  const cudaError_t err = cudaMemGetInfo(&free, &total);
+  if (err != cudaSuccess) {
+    return Status(Code::kUnavailable, internal::str_cat("cudaMemGetInfo on cuda:", device,
+                                                        " failed: ", cudaGetErrorString(err)));
+  }
+  out->free = static_cast<std::int64_t>(free);
+  out->total = static_cast<std::int64_t>(total);
+  return Status();
+}
+
+class CudaMemoryProbe final : public MemoryProbe {
+ public:
+  explicit CudaMemoryProbe(int device) : device_(device) {}
+  ~CudaMemoryProbe() override { abandon_sampling(); }
+
+  MemorySnapshot snapshot() override {
+    DriverMemory driver;
+    throw_if_error(driver_memory(device_, &driver));
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_));
+    MemorySnapshot s;
+    const std::int64_t cap = vram_cap_bytes(device_);
+    s.total_bytes = cap > 0 ? cap : driver.total;
+    s.driver_used_bytes = driver.total - driver.free;
+    s.allocator_allocated_bytes = stats.allocated_bytes[kAggregate].current;
+    s.allocator_reserved_bytes = stats.reserved_bytes[kAggregate].current;
+    s.allocator_peak_reserved_bytes = stats.reserved_bytes[kAggregate].peak;
+    return s;
+  }
+
+  std::int64_t driver_used_bytes() override {
+    DriverMemory driver;
+    if (!driver_memory(device_, &driver).ok()) return 0;  // a sample lost, not a failed region
+    return driver.total - driver.free;
+  }
+
+  // Region boundaries only: every stream of the device, not just the current one, because ddo's
+  // copy stream and the host's streams all hold memory the region must account for.
+  void synchronize() override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    c10::cuda::device_synchronize();
+  }
+
+  void reset_peak() override {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
+  }
+
+  std::string device_name() const override { return internal::str_cat("cuda:", device_); }
+
+ private:
+  int device_;
+};
+
+}  // namespace
+
+bool cuda_memory_probe_available() {
+  return c10::cuda::device_count() > 0;
+}
+
+Status make_cuda_memory_probe(int device, std::unique_ptr<MemoryProbe>* out) {
+  DDO_RETURN_IF_ERROR(check_device(device));
+  *out = std::make_unique<CudaMemoryProbe>(device);
+  return Status();
+}
+
+// Note [Emulated VRAM cap]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A large GPU must be able to run the plan of an 8 GiB card and fail where that card would.
+// LibTorch's caching allocator can refuse memory above a fraction of the card
+// (setMemoryFraction): it then frees its cache and, if still over, throws
+// c10::OutOfMemoryError, exactly as on a full card. The fraction bounds only the allocator's
+// reserved bytes, while a real card also holds the CUDA context, cuBLAS/cuDNN handles and other
+// libraries' memory. So the allocator's limit is the cap minus what is in use outside the
+// allocator when the cap is applied:
+//     fraction = (cap - (driver used - allocator reserved)) / card total
+// and the driver view (what calibration and the benchmark report) stays at or under the cap as
+// long as non-allocator usage does not grow later (a cuBLAS workspace created after the cap is
+// the usual culprit: run one matmul before applying it). Probes report the cap as the total, so
+// calibration's recommendation (total - peak - headroom) is the small card's. Memory ddo allocates
+// for staging goes through the caching allocator (CudaDeviceOptions::alloc), so the cap covers it.
+Status apply_vram_cap(int device, std::int64_t cap_bytes) {
+  if (cap_bytes < 0) {
+    return Status(Code::kInvalidArgument, internal::str_cat("VRAM cap of ", cap_bytes,
+                                                            " bytes is negative; use 0 for none"));
+  }
+  DDO_RETURN_IF_ERROR(check_device(device));
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  // Cached blocks above the new limit would otherwise stay reserved.
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  if (cap_bytes == 0) {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, index);
+    g_caps[device].store(0);
+    return Status();
+  }
+  DriverMemory driver;
+  DDO_RETURN_IF_ERROR(driver_memory(device, &driver));
+  if (cap_bytes > driver.total) {
+    return Status(
+        Code::kInvalidArgument,
+        internal::str_cat("VRAM cap of ", cap_bytes, " bytes exceeds cuda:", device, "'s ",
+                          driver.total, " bytes; use a smaller cap or 0 for none"));
+  }
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const std::int64_t non_allocator = std::max<std::int64_t>(
+      0, (driver.total - driver.free) - stats.reserved_bytes[kAggregate].current);
+  if (cap_bytes <= non_allocator) {
+    return Status(Code::kInvalidArgument,
+                  internal::str_cat("VRAM cap of ", cap_bytes, " bytes on cuda:", device,
+                                    " leaves nothing for tensors: ", non_allocator,
+                                    " bytes are already used outside LibTorch's allocator"));
+  }
+  const double fraction =
+      static_cast<double>(cap_bytes - non_allocator) / static_cast<double>(driver.total);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+  g_caps[device].store(cap_bytes);
+  return Status();
+}
+
+void release_cached_device_memory() {
+  if (cuda_memory_probe_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+}
+
+#else  // !DDO_HAVE_CUDA
+
+void release_cached_device_memory() {}
+
+bool cuda_memory_probe_available() {
+  return false;
+}
+
+Status make_cuda_memory_probe(int device, std::unique_ptr<MemoryProbe>* out) {
+  return Status(Code::kUnavailable, "ddo was built without CUDA; no CUDA memory probe");
+}
+
+Status apply_vram_cap(int device, std::int64_t cap_bytes) {
+  return Status(Code::kUnavailable, "ddo was built without CUDA; no VRAM cap to apply");
+}
+
+#endif  // DDO_HAVE_CUDA
+
+}  // namespace ddo::adapter

@@ -1,0 +1,103 @@
+// The state behind an Offload handle (internal; enable_offload.cpp, profile_run.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "ddo/core/calibration.h"
+#include "ddo/core/planner.h"
+#include "ddo/core/profile_store.h"
+#include "ddo/core/settings.h"
+#include "ddo/torch/enable_offload.h"
+#include "ddo/torch/memory_probe.h"
+#include "ddo/torch/module_tree.h"
+#include "managed_weight.h"
+
+namespace ddo::adapter::internal {
+
+// What a replaced tensor looked like before, to restore it.
+struct ReplacedTensor {
+  at::Tensor handle;  // the model's own tensor (Parameter or buffer); set_data re-points it
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::Device original_device = c10::Device(c10::kCPU);
+  bool requires_grad = false;
+  core::TensorAction action = core::TensorAction::kKeep;
+  int tied_to = -1;  // index of the first tensor sharing the same view (tied weights)
+};
+
+// Setup figures (spec §9).
+struct SetupFigures {
+  double resolve_seconds = 0.0;
+  double plan_seconds = 0.0;
+  double pin_seconds = 0.0;
+  double moves_seconds = 0.0;
+  double total_seconds = 0.0;
+  std::int64_t resident_bytes = 0;
+  std::int64_t move_once_bytes = 0;
+  std::int64_t streamed_bytes = 0;
+  std::int64_t kept_bytes = 0;
+  std::int64_t pinned_bytes = 0;
+  std::int64_t pageable_bytes = 0;
+  std::int64_t pin_fallback_bytes = 0;
+  int modules_patched = 0;  // modules with at least one streamed tensor
+  int resident_modules = 0;
+  int stream_units = 0;
+  std::int64_t staging_bytes = 0;
+};
+
+struct OffloadState {
+  ModuleTree tree;
+  std::string model_class;
+  RecordEvent record_event;
+  core::DynamicOffloadSettings settings;
+  core::ModelInventory inventory;
+  core::Plan plan;
+  std::string device_name;  // "sim:0", "cuda:0", "cpu"
+  engine::DeviceKind kind = engine::DeviceKind::kSim;
+  c10::Device torch_device = c10::Device(c10::kCPU);  // where staged/resident tensors live
+  bool executing = false;                             // false: plan mode or disabled
+
+  std::shared_ptr<engine::Device> device;
+  std::shared_ptr<StreamRuntime> runtime;  // null when nothing is streamed
+  std::unique_ptr<MemoryProbe> probe;
+  std::unique_ptr<ScopedCountingCpuAllocator> counting;  // sim only
+
+  std::unique_ptr<core::ProfileStore> store;
+  core::PreparedProfile prepared;
+  nlohmann::json profile_report = nlohmann::json::object();
+  bool region_open = false;
+
+  std::vector<ReplacedTensor> replaced;
+  SetupFigures setup;
+  bool active = true;
+
+  void restore();
+};
+
+// One open profile_run() region.
+struct RegionState {
+  OffloadState* offload = nullptr;
+  std::optional<core::CalibrationRegionLock> lock;
+  bool measuring = false;
+  bool done = false;
+  nlohmann::json report = nlohmann::json::object();
+};
+
+// Opens a region on `offload` (profile_run.cpp).
+std::unique_ptr<RegionState> open_region(OffloadState& offload);
+// Ends it; `normally` false aborts (nothing saved). Returns the report.
+nlohmann::json close_region(RegionState& region, bool normally);
+
+// "sim" -> "sim:0", "cuda" -> "cuda:0"; throws kInvalidArgument for anything else but "cpu".
+std::string normalize_device_name(const std::string& device);
+
+double gib(std::int64_t bytes);
+
+}  // namespace ddo::adapter::internal

@@ -1,0 +1,146 @@
+// enable_pipeline_offload: one settings object over the components of a pipeline.
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "ddo/engine/device.h"
+#include "ddo/torch/enable_offload.h"
+#include "offload_state.h"
+
+namespace ddo::adapter {
+
+std::unique_ptr<PipelineOffload> enable_pipeline_offload(
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
+    const OffloadOptions& options, const std::string& profile_component) {
+  const core::EnvMap env = options.env ? *options.env : core::process_env();
+  // Resolve once; every component uses these settings with its own route.
+  core::DynamicOffloadSettings settings;
+  if (options.settings) {
+    settings = *options.settings;
+  } else {
+    core::SettingsRequest request;
+    request.preset = options.preset;
+    request.config = options.config;
+    settings = core::DynamicOffloadSettings::from_env(request, env);
+  }
+  if (!options.execution_device.empty()) settings.config.execution_device = options.execution_device;
+
+  auto pipe = std::unique_ptr<PipelineOffload>(new PipelineOffload());
+  for (auto& [name, module] : components) {
+    DDO_CHECK(module != nullptr, Code::kInvalidArgument, "pipeline component '", name,
+              "' is a null module");
+    PipelineOffload::Component c;
+    c.name = name;
+    c.module = module;
+    c.route = settings.policy_for(name).route;
+    pipe->components_.push_back(std::move(c));
+  }
+  // The profiled component: named, else the first on the dynamic route.
+  if (!profile_component.empty()) {
+    pipe->profiled_ = profile_component;
+  } else {
+    for (const auto& c : pipe->components_) {
+      if (c.route == core::Route::kDynamic) {
+        pipe->profiled_ = c.name;
+        break;
+      }
+    }
+  }
+
+  std::shared_ptr<engine::Device> device = options.device;
+  const std::string device_name = internal::normalize_device_name(settings.config.execution_device);
+  const bool plan_only =
+      settings.config.execution_mode == core::ExecutionMode::kPlan || !settings.enabled;
+  if (!device && !plan_only && device_name != "cpu") {
+    device = open_execution_device(device_name, settings.config);
+  }
+  for (auto& c : pipe->components_) {
+    if (c.route == core::Route::kNone) continue;
+    OffloadOptions o;
+    o.settings = settings;
+    o.settings->config.route = c.route;
+    o.overrides = options.overrides;
+    o.execution_device = device_name;
+    o.record_event = options.record_event;
+    o.env = env;
+    o.device = device;
+    if (c.name == pipe->profiled_) {
+      o.profile_name = options.profile_name;
+      o.build_profile = options.build_profile;
+      o.model_class = options.model_class;
+    } else {
+      o.settings->config.profile_name.clear();
+      o.settings->config.build_profile = false;
+    }
+    c.offload = enable_offload(c.module, o);
+  }
+  return pipe;
+}
+
+PipelineOffload::~PipelineOffload() { remove(); }
+
+Offload* PipelineOffload::component(const std::string& name) {
+  for (auto& c : components_) {
+    if (c.name == name) return c.offload.get();
+  }
+  throw Error(Code::kNotFound, ddo::internal::str_cat("pipeline has no component '", name, "'"));
+}
+
+std::vector<std::string> PipelineOffload::component_names() const {
+  std::vector<std::string> names;
+  for (const auto& c : components_) names.push_back(c.name);
+  return names;
+}
+
+core::Route PipelineOffload::route_of(const std::string& name) const {
+  for (const auto& c : components_) {
+    if (c.name == name) return c.route;
+  }
+  throw Error(Code::kNotFound, ddo::internal::str_cat("pipeline has no component '", name, "'"));
+}
+
+void PipelineOffload::remove() {
+  for (auto it = components_.rbegin(); it != components_.rend(); ++it) {
+    if (it->offload) it->offload->remove();
+  }
+}
+
+ProfileRun PipelineOffload::profile_run() {
+  Offload* o = profiled_.empty() ? nullptr : component(profiled_);
+  DDO_CHECK(o != nullptr, Code::kFailedPrecondition,
+            "profile_run() on a pipeline without a component on the dynamic route; route the "
+            "denoiser (e.g. transformer) to dynamic offload");
+  return o->profile_run();
+}
+
+nlohmann::json PipelineOffload::profile_run(const std::function<void()>& region) {
+  Offload* o = profiled_.empty() ? nullptr : component(profiled_);
+  DDO_CHECK(o != nullptr, Code::kFailedPrecondition,
+            "profile_run() on a pipeline without a component on the dynamic route; route the "
+            "denoiser (e.g. transformer) to dynamic offload");
+  return o->profile_run(region);
+}
+
+nlohmann::json PipelineOffload::report() const {
+  nlohmann::json r = nlohmann::json::object();
+  r["profiled_component"] = profiled_;
+  nlohmann::json comps = nlohmann::json::object();
+  for (const auto& c : components_) {
+    nlohmann::json one = c.offload ? c.offload->report() : nlohmann::json::object();
+    one["route_policy"] = core::to_string(c.route);
+    comps[c.name] = std::move(one);
+  }
+  r["components"] = std::move(comps);
+  return r;
+}
+
+std::string PipelineOffload::summary() const {
+  std::ostringstream out;
+  for (const auto& c : components_) {
+    out << fmt::format("[{}] route {}\n", c.name, core::to_string(c.route));
+    if (c.offload) out << c.offload->summary();
+  }
+  return out.str();
+}
+
+}  // namespace ddo::adapter

@@ -1,0 +1,110 @@
+// profile_run(): the measured region of a named workload profile. See profile_run.h.
+#include "ddo/torch/profile_run.h"
+
+#include <cstdio>
+#include <exception>
+
+#include "ddo/core/calibration.h"
+#include "ddo/torch/enable_offload.h"
+#include "offload_state.h"
+
+namespace ddo::adapter {
+namespace internal {
+
+std::unique_ptr<RegionState> open_region(OffloadState& offload) {
+  DDO_CHECK(!offload.region_open, Code::kFailedPrecondition,
+            "a profile_run() region is already open on this offload; regions do not nest. End "
+            "the outer region (finish() or leave its scope) before starting another");
+  auto region = std::make_unique<RegionState>();
+  region->offload = &offload;
+  const core::RegionAction action = offload.prepared.region;
+  if (action != core::RegionAction::kNone) {
+    DDO_CHECK(offload.executing && offload.probe != nullptr, Code::kFailedPrecondition,
+              "profile '", offload.prepared.report.name,
+              "' needs a measured run, but this offload does not execute (plan mode or "
+              "disabled); use execution_mode=linear_runtime on a CUDA or sim device");
+    DDO_CHECK(offload.active, Code::kFailedPrecondition,
+              "profile_run() on an offload that was removed; enable offload again");
+    // Throws when another region on this device is open (nested or concurrent).
+    region->lock.emplace(core::CalibrationRegionLock::acquire(offload.prepared.device));
+    if (offload.runtime) offload.runtime->release_held();
+    throw_if_error(offload.probe->start_sampling());
+    region->measuring = true;
+  }
+  offload.region_open = true;
+  region->report = offload.profile_report;
+  return region;
+}
+
+nlohmann::json close_region(RegionState& region, bool normally) {
+  DDO_CHECK(!region.done, Code::kFailedPrecondition,
+            "this profile_run() region has already ended");
+  region.done = true;
+  OffloadState& offload = *region.offload;
+  offload.region_open = false;
+  core::RegionResult result;
+  result.exited_normally = normally;
+  if (region.measuring) {
+    if (offload.runtime) offload.runtime->release_held();
+    const MeasurementResult m = offload.probe->stop_sampling();
+    core::MeasurementInputs& in = result.inputs;
+    in.driver_used_start_bytes = m.start.driver_used_bytes;
+    in.driver_used_end_bytes = m.end.driver_used_bytes;
+    in.driver_used_samples_bytes = {m.peak_driver_used_bytes};
+    in.allocator_reserved_start_bytes = m.start.allocator_reserved_bytes;
+    in.allocator_peak_reserved_bytes = m.allocator_peak_reserved_bytes;
+  }
+  core::ProfileReport report;
+  Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);
+  if (!saved.ok()) {
+    report.status = core::ProfileStatus::kFailed;
+    report.error = saved.message();
+  }
+  region.report = report.to_json();
+  offload.profile_report = region.report;
+  region.lock.reset();
+  if (!saved.ok()) throw Error(saved);
+  return region.report;
+}
+
+}  // namespace internal
+
+ProfileRun::ProfileRun(std::unique_ptr<internal::RegionState> state) : state_(std::move(state)) {}
+ProfileRun::ProfileRun(ProfileRun&& other) noexcept = default;
+
+ProfileRun::~ProfileRun() {
+  if (!state_ || state_->done) return;
+  try {
+    internal::close_region(*state_, /*normally=*/false);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddo: warning: ending an aborted profile_run() region: %s\n", e.what());
+  }
+}
+
+nlohmann::json ProfileRun::finish() {
+  DDO_CHECK(state_ != nullptr, Code::kFailedPrecondition, "finish() on a moved-from ProfileRun");
+  return internal::close_region(*state_, /*normally=*/true);
+}
+
+nlohmann::json ProfileRun::abort() {
+  DDO_CHECK(state_ != nullptr, Code::kFailedPrecondition, "abort() on a moved-from ProfileRun");
+  return internal::close_region(*state_, /*normally=*/false);
+}
+
+const nlohmann::json& ProfileRun::report() const { return state_->report; }
+bool ProfileRun::active() const { return state_ && !state_->done; }
+
+ProfileRun Offload::profile_run() { return ProfileRun(internal::open_region(*state_)); }
+
+nlohmann::json Offload::profile_run(const std::function<void()>& region) {
+  ProfileRun run = profile_run();
+  try {
+    region();
+  } catch (...) {
+    run.abort();
+    throw;
+  }
+  return run.finish();
+}
+
+}  // namespace ddo::adapter

@@ -1,0 +1,210 @@
+// Registration of ddo's interception kernels, the managed-storage records and the staging step.
+//
+// Registrations live in torch::Library objects created by the first enable_offload and destroyed
+// with the last (InterceptionHandle, refcounted), so a process without an active offload pays
+// nothing and no static constructor runs at load time. See docs/design/0001-interception.md.
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+#ifdef DDO_HAVE_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "intercept_common.h"
+#include "kernels.h"
+#include "ddo/torch/interception.h"
+#include "registration.h"
+
+namespace ddo::adapter {
+namespace internal {
+
+// --- managed storage -----------------------------------------------------------------------------
+
+void managed_deleter(void* context) { delete static_cast<ManagedWeight*>(context); }
+
+at::Tensor make_managed_tensor(void* data, std::size_t bytes, at::IntArrayRef sizes,
+                               at::IntArrayRef strides, c10::ScalarType dtype,
+                               std::shared_ptr<StreamRuntime> owner, int unit,
+                               std::size_t offset_bytes) {
+  auto* record = new ManagedWeight{owner.get(), unit, offset_bytes, std::move(owner)};
+  c10::DataPtr ptr(data, record, &managed_deleter, c10::Device(c10::kCPU));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      caffe2::TypeMeta::fromScalarType(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, /*storage_offset=*/0);
+  return t;
+}
+
+StreamRuntime::~StreamRuntime() = default;
+
+void StreamRuntime::release_held() {
+  if (held_unit < 0) return;
+  scheduler->release(held_unit, held_stream);
+  held_unit = -1;
+}
+
+namespace {
+std::atomic<StageObserver> g_stage_observer{nullptr};
+std::atomic<CurrentStreamFn> g_current_stream{nullptr};
+}  // namespace
+
+void set_stage_observer(StageObserver observer) { g_stage_observer.store(observer); }
+StageObserver stage_observer() { return g_stage_observer.load(std::memory_order_relaxed); }
+void set_current_stream_fn(CurrentStreamFn fn) { g_current_stream.store(fn); }
+CurrentStreamFn current_stream_fn() { return g_current_stream.load(std::memory_order_relaxed); }
+
+// --- the staging step ----------------------------------------------------------------------------
+
+void* StageScope::acquire(ManagedWeight* m, engine::Stream stream) {
+  StreamRuntime* rt = m->runtime;
+  if (rt->sticky_units) {
+    // Classic group routes: the group stays on the device until another group is needed.
+    if (rt->held_unit == m->unit) return rt->held_base;
+    rt->release_held();
+    void* base = rt->scheduler->acquire(m->unit, stream);
+    rt->held_unit = m->unit;
+    rt->held_stream = stream;
+    rt->held_base = base;
+    return base;
+  }
+  for (int i = 0; i < held_count_; ++i) {
+    if (held_[i].runtime == rt && held_[i].unit == m->unit) return held_[i].base;
+  }
+  TORCH_INTERNAL_ASSERT(held_count_ < static_cast<int>(held_.size()),
+                        "ddo: too many managed arguments in one ", op_);
+  void* base = rt->scheduler->acquire(m->unit, stream);
+  held_[held_count_++] = {rt, m->unit, stream, base};
+  return base;
+}
+
+at::Tensor StageScope::stage(const at::Tensor& t) {
+  ManagedWeight* m = managed_of(t);
+  if (m == nullptr) return t;
+  StreamRuntime* rt = m->runtime;
+  TORCH_CHECK(rt->kind == kind_, "ddo: ", op_, " reads a weight that ddo streams to ",
+              rt->execution_device.str(), ", but its other inputs are on ",
+              kind_ == engine::DeviceKind::kCuda ? "a CUDA device" : "the CPU",
+              "; move the inputs to ", rt->execution_device.str(),
+              " (the offload's execution device)");
+  engine::Stream stream = engine::kDefaultStream;
+  if (kind_ == engine::DeviceKind::kCuda) {
+    CurrentStreamFn fn = current_stream_fn();
+    if (fn != nullptr) stream = fn(rt->execution_device.index());
+  }
+  char* base = static_cast<char*>(acquire(m, stream));
+  if (!counted_) {
+    ++rt->intercepted_ops;
+    counted_ = true;
+  }
+  char* data = base + m->offset_bytes + t.storage_offset() * static_cast<int64_t>(t.itemsize());
+  at::Tensor staged = at::for_blob(data, t.sizes())
+                          .strides(t.strides())
+                          .options(at::TensorOptions().dtype(t.dtype()).device(rt->execution_device))
+                          .target_device(rt->execution_device)
+                          .make_tensor();
+  if (StageObserver obs = stage_observer(); C10_UNLIKELY(obs != nullptr)) obs(staged, m->unit);
+  return staged;
+}
+
+StageScope::~StageScope() {
+  for (int i = 0; i < held_count_; ++i) {
+    held_[i].runtime->scheduler->release(held_[i].unit, held_[i].stream);
+  }
+}
+
+// --- registration --------------------------------------------------------------------------------
+
+namespace {
+
+#ifdef DDO_HAVE_CUDA
+engine::Stream cuda_current_stream(c10::DeviceIndex index) {
+  return static_cast<engine::Stream>(c10::cuda::getCurrentCUDAStream(index).stream());
+}
+#endif
+
+// Drops the one warning that registering over a backend kernel always prints; forwards the rest.
+class DropOverrideWarning : public c10::WarningHandler {
+ public:
+  explicit DropOverrideWarning(c10::WarningHandler* previous) : previous_(previous) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel") != std::string::npos) {
+      return;
+    }
+    previous_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* previous_;
+};
+
+struct Libraries {
+  std::unique_ptr<torch::Library> cpu;
+  std::unique_ptr<torch::Library> cuda;
+};
+
+std::mutex g_registration_mutex;  // guards g_libraries and g_refs
+Libraries* g_libraries = nullptr;
+int g_refs = 0;
+
+Libraries* register_kernels() {
+  auto* libs = new Libraries;
+  DropOverrideWarning filter(c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::WarningHandlerGuard guard(&filter);
+  libs->cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                               c10::DispatchKey::CPU, __FILE__, __LINE__);
+  libs->cpu->impl("addmm", TORCH_FN(kernels::addmm_cpu));
+  libs->cpu->impl("mm", TORCH_FN(kernels::mm_cpu));
+  libs->cpu->impl("bmm", TORCH_FN(kernels::bmm_cpu));
+  libs->cpu->impl("convolution", TORCH_FN(kernels::convolution_cpu));
+  libs->cpu->impl("embedding", TORCH_FN(kernels::embedding_cpu));
+#ifdef DDO_HAVE_CUDA
+  set_current_stream_fn(&cuda_current_stream);
+  libs->cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  libs->cuda->impl("addmm", TORCH_FN(kernels::addmm_cuda));
+  libs->cuda->impl("mm", TORCH_FN(kernels::mm_cuda));
+  libs->cuda->impl("bmm", TORCH_FN(kernels::bmm_cuda));
+  libs->cuda->impl("convolution", TORCH_FN(kernels::convolution_cuda));
+  libs->cuda->impl("embedding", TORCH_FN(kernels::embedding_cuda));
+#endif
+  return libs;
+}
+
+}  // namespace
+
+InterceptionHandle::~InterceptionHandle() {
+  std::lock_guard<std::mutex> lock(g_registration_mutex);
+  if (--g_refs == 0) {
+    delete g_libraries;  // the Library destructors deregister; the originals are active again
+    g_libraries = nullptr;
+  }
+}
+
+std::shared_ptr<InterceptionHandle> acquire_interception() {
+  std::lock_guard<std::mutex> lock(g_registration_mutex);
+  if (g_refs == 0) g_libraries = register_kernels();
+  ++g_refs;
+  return std::shared_ptr<InterceptionHandle>(new InterceptionHandle());
+}
+
+}  // namespace internal
+
+bool is_managed(const at::Tensor& t) { return internal::managed_of(t) != nullptr; }
+
+bool interception_active() {
+  std::lock_guard<std::mutex> lock(internal::g_registration_mutex);
+  return internal::g_refs > 0;
+}
+
+namespace testing {
+void set_stage_observer(StageObserver observer) { internal::set_stage_observer(observer); }
+}  // namespace testing
+
+}  // namespace ddo::adapter
