@@ -16,8 +16,9 @@
 // after one warm-up), --routes calibrated,block,leaf (subset), --device cuda|sim (default: cuda
 // when a GPU is present), --no-resident (skip the resident row; then --t-resident S supplies it),
 // --profile-dir DIR, --out FILE.json, --md FILE.md, --commit SHA.
+#include <cmath>
 #include <cstdio>
-#include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "bench_util.h"
@@ -165,10 +167,14 @@ json run_row(Context& ctx, const RowSpec& spec) {
         row["profile_report"] = report.value("profile_report", json());
     }
     row["streamed_gb_per_step"] = streamed / kGB;
+    if (spec.route == "resident") ctx.t_resident = median;
     const double bound = std::max(ctx.t_resident, streamed / ctx.b_pinned);
     row["bound_s"] = bound;
     row["efficiency"] = median > 0 ? bound / median : 0.0;
-    if (spec.route == "resident") ctx.t_resident = median;
+  } catch (const c10::Error& e) {  // out of memory at a cap: a result, not a crash
+    row["error"] = e.what_without_backtrace();
+    std::fprintf(stderr, "w1: %s at cap %g GiB failed: %s\n", spec.route.c_str(), spec.cap_gib,
+                 e.what_without_backtrace());
   } catch (const std::exception& e) {
     row["error"] = e.what();
     std::fprintf(stderr, "w1: %s at cap %g GiB failed: %s\n", spec.route.c_str(), spec.cap_gib,
@@ -187,9 +193,22 @@ json run_row(Context& ctx, const RowSpec& spec) {
   return row;
 }
 
+// Fixed decimals, or three significant digits for the small figures of the tiny model.
 std::string cell(const json& row, const char* key, int precision) {
   if (!row.contains(key) || !row[key].is_number()) return "-";
-  return ddo::bench::fmt(row[key].get<double>(), precision);
+  const double v = row[key].get<double>();
+  if (v != 0 && std::abs(v) < 0.01) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3g", v);
+    return buf;
+  }
+  return ddo::bench::fmt(v, precision);
+}
+
+std::string cap_text(double cap_gib) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", cap_gib);
+  return buf;
 }
 
 std::string markdown(const json& doc) {
@@ -201,7 +220,7 @@ std::string markdown(const json& doc) {
   for (const json& row : doc["rows"]) {
     const double cap = row["cap_gib"].get<double>();
     md += "| " + row["workload"].get<std::string>() + " | " +
-          (cap > 0 ? ddo::bench::fmt(cap, cap < 1 ? 2 : 0) : std::string("none")) + " | " +
+          (cap > 0 ? cap_text(cap) : std::string("none")) + " | " +
           row["route"].get<std::string>() + " | ";
     if (row.contains("error")) {
       std::string err = row["error"].get<std::string>().substr(0, 80);
@@ -240,10 +259,18 @@ int main(int argc, char** argv) {
   const std::string size = args.get("size", ctx.cuda ? "full" : "tiny");
   const std::vector<double> caps = args.get_list("caps", ctx.cuda ? "8,12,16,24,0" : "0");
   const std::string routes = args.get("routes", "calibrated,block,leaf");
-  ctx.profile_dir = args.get("profile-dir",
-                             (std::filesystem::temp_directory_path() / "ddo-w1-profiles").string());
-  std::filesystem::remove_all(ctx.profile_dir);  // calibration starts from nothing
-  std::filesystem::create_directories(ctx.profile_dir);
+  // A fresh folder per run, so calibration starts from nothing. Not std::filesystem::remove_all:
+  // libtorch.so exports its own copy of that symbol, which crashes when called from here.
+  ctx.profile_dir = args.get("profile-dir", "");
+  if (ctx.profile_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ddo-w1-profiles-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      std::fprintf(stderr, "w1: cannot create a profile folder from %s\n", pattern.c_str());
+      return 1;
+    }
+    ctx.profile_dir = pattern;
+  }
 
   json doc = ddo::bench::machine_json(args, "w1");
   doc["device"] = ctx.exec_device;

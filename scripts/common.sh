@@ -6,6 +6,9 @@ DDO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DDO_PY=${DDO_PYTHON:-python3}
 DDO_VENV=${DDO_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ddo/venv-torch2.11.0}
 DDO_BUILD=${DDO_BUILD:-$DDO_ROOT/build}
+# Torch's CMake package probes the GPU architecture unless told; ddo targets Hopper (H200)
+# and builds for it on machines without a GPU too.
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 
 # ddo_venv: creates the venv and installs the pinned requirements when they changed.
 ddo_venv() {

@@ -11,7 +11,9 @@
 #
 # Steps (a mode runs a subset): build, test, micro (copy_engine, op_overhead), w1. Knobs:
 # DDO_GPU_JOBS (16), DDO_W1_SIZE (full), DDO_W1_CAPS (8,12,16,24,0), DDO_W1_STEPS (5),
-# DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release).
+# DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release),
+# DDO_GPU_BUILD (build folder, build-gpu), DDO_SKIP_BUILD=1 (use the build folder as it is),
+# DDO_FORCE_DEPS=1 (take every dependency from .deps, to test the carried copies).
 #
 # The GPU machine reaches no registry: nlohmann-json, CLI11, fmt, GoogleTest and OpenSSL headers
 # come from .deps/ when the machine lacks them (scripts/gpu-prepare-deps.sh says what and why).
@@ -24,7 +26,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 MODE=${1:-all}
-OUT=${OUT:-$ROOT/out-gpu}
+OUT=${OUT:-$ROOT/out/gpu}
 mkdir -p "$OUT"
 BUILD=${DDO_GPU_BUILD:-$ROOT/build-gpu}
 JOBS=${DDO_GPU_JOBS:-16}
@@ -53,8 +55,12 @@ TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/
 say "torch $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)') at $TORCH_PREFIX"
 DEPS_ROOT="$ROOT/.deps/root/usr"
 have_cmake_pkg() {  # a CMake package config installed on the system
-  ls /usr/lib/cmake/"$1" /usr/share/cmake/"$1" /usr/lib/x86_64-linux-gnu/cmake/"$1" \
-    /usr/local/lib/cmake/"$1" /usr/local/share/cmake/"$1" >/dev/null 2>&1
+  local d
+  for d in /usr/lib/cmake /usr/share/cmake /usr/lib/x86_64-linux-gnu/cmake /usr/local/lib/cmake \
+    /usr/local/share/cmake; do
+    [ -d "$d/$1" ] && return 0
+  done
+  return 1
 }
 missing=""
 for pkg in nlohmann_json CLI11 fmt GTest; do have_cmake_pkg "$pkg" || missing="$missing $pkg"; done
@@ -86,6 +92,7 @@ fi
 # setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 build() {
+  if [ "${DDO_SKIP_BUILD:-0}" = 1 ]; then say "build skipped (DDO_SKIP_BUILD=1): using $BUILD"; return 0; fi
   if [ ! -f "$BUILD/build.ninja" ]; then
     timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
       -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" \

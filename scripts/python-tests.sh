@@ -45,7 +45,8 @@ set +e
 "$PY" -m pytest -q -rs -p no:cacheprovider python/tests ${DDO_PYTEST_ARGS:-} 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
-summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped)|no tests ran' "$log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+summary=$( (grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$log" || true) \
+           | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
 echo "== python tests: ${summary:-no summary} (pytest exit $rc) =="
 if [ "$rc" = 5 ]; then echo "ddo: no Python tests were collected" >&2; fi
 exit "$rc"

@@ -555,6 +555,17 @@ std::int64_t Planner::staging_estimate() {
 
 void Planner::resolve_resident_budget() {
   const std::int64_t candidates = plan_.resident_candidate_bytes;
+  // The seed: calibration "forces the resident module budget to zero", so it comes before the
+  // manual budget; an ignored manual budget is recorded, never silently dropped.
+  if (ctx_.calibrating) {
+    plan_.resident_budget_bytes = 0;
+    decide("profile_calibration",
+           {{"profile_name", config_.profile_name},
+            {"candidate_bytes", candidates},
+            {"ignored_resident_module_budget_gb", config_.resident_module_budget_gb}},
+           "residency calibration forces the resident budget to 0");
+    return;
+  }
   if (config_.resident_module_budget_gb > 0) {
     plan_.resident_budget_bytes = gib_to_bytes(config_.resident_module_budget_gb);
     decide("resident_budget_manual",
@@ -575,13 +586,6 @@ void Planner::resolve_resident_budget() {
             {"profile_name", config_.profile_name}},
            fmt::format("saved profile recommendation {} replaces the heuristic",
                        gib(plan_.resident_budget_bytes)));
-    return;
-  }
-  if (ctx_.calibrating) {
-    plan_.resident_budget_bytes = 0;
-    decide("profile_calibration",
-           {{"profile_name", config_.profile_name}, {"candidate_bytes", candidates}},
-           "residency calibration forces the resident budget to 0");
     return;
   }
   if (config_.auto_budget_policy != AutoBudgetPolicy::kBalanced) {

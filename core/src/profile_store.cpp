@@ -15,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>

@@ -334,8 +334,15 @@ TEST(PlannerBudget, ManualWinsOverProfileCalibrationAndPolicy) {
   PlanContext ctx;
   ctx.total_vram_bytes = 24 * kGB;
   ctx.profile_budget_bytes = 2 * kGB;
+  // Calibration forces zero even over a manual budget (the seed), and records what it ignored.
   ctx.calibrating = true;
   Plan plan = make_plan(flux_inventory(), config, ctx);
+  EXPECT_EQ(plan.resident_budget_bytes, 0);
+  EXPECT_EQ(decision(plan, "profile_calibration").inputs["ignored_resident_module_budget_gb"], 0.5);
+  EXPECT_FALSE(plan.has_decision("resident_budget_manual"));
+
+  ctx.calibrating = false;
+  plan = make_plan(flux_inventory(), config, ctx);
   EXPECT_EQ(plan.resident_budget_bytes, kGB / 2);
   EXPECT_TRUE(plan.has_decision("resident_budget_manual"));
   EXPECT_FALSE(plan.has_decision("resident_budget_profile"));
@@ -347,6 +354,7 @@ TEST(PlannerBudget, ManualWinsOverProfileCalibrationAndPolicy) {
   EXPECT_EQ(decision(plan, "resident_budget_profile").inputs["profile_budget_bytes"], 2 * kGB);
   EXPECT_FALSE(plan.has_decision("profile_calibration"));
 
+  ctx.calibrating = true;
   ctx.profile_budget_bytes.reset();
   plan = make_plan(flux_inventory(), config, ctx);
   EXPECT_EQ(plan.resident_budget_bytes, 0);

@@ -42,6 +42,7 @@ namespace {
 
 constexpr std::size_t kTensorAlignment = 256;  // staged views start 256-byte aligned
 constexpr std::size_t kFillChunkBytes = std::size_t{1} << 30;
+constexpr std::size_t kDefaultWindowBytes = std::size_t{512} << 20;  // the engine's default
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
@@ -371,6 +372,20 @@ void apply_plan(OffloadState& s, int pin_workers) {
       std::size_t largest = 0;
       for (const UnitLayout& u : units) largest = std::max(largest, u.bytes);
       so.window_bytes = largest;
+    }
+    if (so.window_bytes == 0) {
+      // Bytes ahead of the running op: the engine default (512 MiB), but never more than what is
+      // streamed nor more than half of what the device has left after residents, so a small
+      // card still fits window + 2 x largest unit.
+      std::size_t largest = 0, streamed = 0;
+      for (const UnitLayout& u : units) {
+        largest = std::max(largest, u.bytes);
+        streamed += u.bytes;
+      }
+      const engine::DeviceMemory mem = s.device->memory();
+      const auto free_bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes));
+      const std::size_t room = free_bytes > 2 * largest ? (free_bytes - 2 * largest) / 2 : 0;
+      so.window_bytes = std::max(largest, std::min({kDefaultWindowBytes, streamed, room}));
     }
     so.use_side_stream = s.settings.side_streams_effective;
     rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <new>
 #include <utility>
 
 #include <c10/core/Allocator.h>
@@ -118,7 +119,9 @@ core::MeasurementInputs to_measurement_inputs(const MeasurementResult& result) {
 // (engine::Device) knows its bytes. To measure the region as on a card, and to fail as a card of
 // that size would, CPU allocations made while a simulated offload is active go through this
 // wrapper around the CPU allocator that was installed before it:
-//   - each allocation is wrapped in a small context {inner DataPtr, bytes}; its deleter
+//   - each allocation carries a small header {inner deleter and context, bytes} just before its
+//     data (the data pointer is its own context, as Allocator::raw_allocate requires: oneDNN
+//     allocates scratch that way); the deleter
 //     uncounts the bytes and frees the inner allocation, so tensors that outlive the
 //     installation (a result returned from the region) are still freed correctly. The wrapper
 //     object is therefore never destroyed (a leaked singleton, no static destructor).
@@ -147,26 +150,36 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     c10::Allocator* inner = inner_.load();
     DDO_ASSERT(inner != nullptr, "the counting CPU allocator was used before installation");
-    if (t_uncounted || n == 0) return inner->allocate(n);
-    const auto bytes = static_cast<std::int64_t>(n);
+    const bool counted = !t_uncounted && n > 0;
+    const auto bytes = counted ? static_cast<std::int64_t>(n) : std::int64_t{0};
     const std::int64_t now = current_.fetch_add(bytes) + bytes;
-    check_capacity(bytes, now);
+    if (counted) check_capacity(bytes, now);
     c10::DataPtr inner_ptr;
     try {
-      inner_ptr = inner->allocate(n);
+      inner_ptr = inner->allocate(n + kHeaderBytes);
     } catch (...) {
       current_.fetch_sub(bytes);
       throw;
     }
-    std::int64_t seen = peak_.load(std::memory_order_relaxed);
-    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+    if (counted) {
+      std::int64_t seen = peak_.load(std::memory_order_relaxed);
+      while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+      }
+      allocations_.fetch_add(1, std::memory_order_relaxed);
     }
-    allocations_.fetch_add(1, std::memory_order_relaxed);
-    void* data = inner_ptr.get();
+    // Note [Counting allocator header]: the data pointer is its own context (what
+    // Allocator::raw_allocate asserts; oneDNN allocates its scratch that way), so the record of
+    // the inner allocation lives in a header just before the data.
+    char* base = static_cast<char*>(inner_ptr.get());
     const c10::Device device = inner_ptr.device();
-    auto* context = new Context{std::move(inner_ptr), bytes};
-    return c10::DataPtr(data, context, &CountingCpuAllocator::delete_context, device);
+    const c10::DeleterFnPtr inner_deleter = inner_ptr.get_deleter();
+    void* inner_context = inner_ptr.release_context();
+    new (base) Header{inner_deleter, inner_context, bytes};
+    void* data = base + kHeaderBytes;
+    return c10::DataPtr(data, data, &CountingCpuAllocator::delete_counted, device);
   }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingCpuAllocator::delete_counted; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -216,15 +229,22 @@ class CountingCpuAllocator final : public c10::Allocator {
   void reset_peak() { peak_.store(current_.load()); }
 
  private:
-  struct Context {
-    c10::DataPtr inner;
+  struct Header {
+    c10::DeleterFnPtr inner_deleter;
+    void* inner_context;
     std::int64_t bytes;
   };
+  // 64 keeps the data as aligned as the inner allocator's (c10's CPU allocator aligns to 64).
+  static constexpr std::size_t kHeaderBytes = 64;
+  static_assert(sizeof(Header) <= kHeaderBytes);
 
-  static void delete_context(void* raw) {
-    auto* context = static_cast<Context*>(raw);
-    instance().current_.fetch_sub(context->bytes);
-    delete context;  // frees the inner allocation
+  static void delete_counted(void* data) {
+    if (data == nullptr) return;
+    auto* header = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeaderBytes);
+    instance().current_.fetch_sub(header->bytes);
+    const c10::DeleterFnPtr deleter = header->inner_deleter;
+    void* context = header->inner_context;
+    if (deleter != nullptr) deleter(context);  // frees the inner allocation (and the header)
   }
 
   // Throws c10::OutOfMemoryError (after taking `bytes` back) when counted bytes `now` plus a

@@ -2,7 +2,11 @@
 // RecordFunction guard that flags any op other than the intercepted ones reading a managed weight.
 #pragma once
 
+#include <ftw.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -28,9 +32,12 @@ class TempDir {
             ("ddo-torch-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     std::filesystem::create_directories(path_);
   }
+  // POSIX nftw, not std::filesystem::remove_all: libtorch.so exports its own copy of some
+  // std::filesystem symbols, and its remove_all crashes when it interposes libstdc++'s.
   ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    nftw(path_.c_str(),
+         [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
   }
   const std::filesystem::path& path() const { return path_; }
 
@@ -50,6 +57,7 @@ inline OffloadOptions sim_options(const TempDir& dir, nlohmann::json overrides =
   o.execution_device = "sim";
   o.env = test_env(dir);
   nlohmann::json ov = {{"small_tensor_threshold_bytes", 0},
+                       {"auto_budget_policy", "off"},
                        {"always_resident_modules_pattern", nlohmann::json::array()},
                        {"available_system_ram_gb", 16.0},
                        {"system_ram_headroom_gb", 0.0}};
