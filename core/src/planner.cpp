@@ -483,7 +483,8 @@ void Planner::resolve_resident_candidates() {
   // The group routes need the block list even when no residents are asked for.
   const bool need_blocks = want_auto || config_.route == Route::kGroupBlock;
   if (need_blocks) {
-    block_groups_ = choose_block_groups(want_all);
+    // Classic block-level offload groups every repeated block list, not only the largest.
+    block_groups_ = choose_block_groups(want_all || config_.route == Route::kGroupBlock);
     for (const BlockGroup& g : block_groups_) plan_.block_patterns.push_back(g.pattern());
     if (!block_groups_.empty()) plan_.block_pattern = block_groups_.front().pattern();
     nlohmann::json groups = nlohmann::json::array();

@@ -814,11 +814,13 @@ TEST(PlannerUnits, DynamicBlockAndLeafUnits) {
 
   config.route = Route::kGroupBlock;
   plan = make_plan(inv, config, {});
-  // Blocks of the largest list, then one unit per other top-level module with streamed weights.
-  ASSERT_EQ(plan.stream_units.size(), 3u + 1u);
+  // One unit per block of every repeated block list (classic block-level offload groups each
+  // list's children), never a whole list as one unit.
+  ASSERT_EQ(plan.stream_units.size(), 3u + 4u);
   EXPECT_EQ(plan.stream_units[0].name, "transformer_blocks.0");
   EXPECT_EQ(plan.stream_units[2].name, "transformer_blocks.2");
-  EXPECT_EQ(plan.stream_units[3].name, "single_transformer_blocks");
+  EXPECT_EQ(plan.stream_units[3].name, "single_transformer_blocks.0");
+  EXPECT_EQ(plan.stream_units[6].name, "single_transformer_blocks.3");
   EXPECT_EQ(plan.stream_units[0].bytes, double_block_bytes(128));
   std::int64_t total = 0;
   for (const StreamUnit& u : plan.stream_units) total += u.bytes;

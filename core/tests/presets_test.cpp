@@ -37,7 +37,7 @@ TEST(Presets, OneShotFast) {
   EXPECT_EQ(c.auto_budget_policy, AutoBudgetPolicy::kBalanced);
   EXPECT_EQ(c.resident_module_budget_gb, 0.0);
   EXPECT_EQ(c.max_resident_module_budget_gb, 0.0);
-  EXPECT_EQ(c.resident_module_patterns, kAuto);
+  EXPECT_EQ(c.resident_module_patterns, std::vector<std::string>{"auto_all"});
   EXPECT_EQ(c.resident_module_selection, Selection::kSpread);
   EXPECT_EQ(c.system_ram_headroom_gb, 8.0);
   EXPECT_EQ(c.small_tensor_threshold_bytes, kOneMiB);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <tuple>
 
+#include <ATen/Context.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
@@ -156,6 +157,9 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
   DDO_CHECK(engine::cuda_available(), Code::kUnavailable, "execution_device \"", name,
             "\" needs a GPU, but CUDA reports none; use execution_device=\"sim\" to run on the "
             "host simulation");
+  // raw_alloc asserts unless LibTorch's CUDA state exists; a host that has not touched CUDA
+  // yet (no CUDA tensor made) would otherwise fail at the first staging allocation.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   const std::int64_t cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
   if (cap > 0) throw_if_error(apply_vram_cap(index, cap));
   engine::CudaDeviceOptions o;
