@@ -1,6 +1,8 @@
 // Host time per intercepted op (benchmarks.md micro (b)): a stack of tiny Linears on the sim
-// device, measured against the same stack unmanaged. Prints the figures; the assertion is loose
-// because this machine's cores are shared, the figure that counts is printed.
+// device, measured against the same stack unmanaged. Prints the figures only: timings on a
+// shared CPU are measurements, not test results (the GPU figure comes from bench/op_overhead).
+// What is asserted is the work done: every managed op is intercepted exactly once, and ops on
+// unmanaged tensors never reach the scheduler.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -38,19 +40,23 @@ TEST(Overhead, HostTimePerInterceptedOp) {
   test::TempDir dir;
   torch::nn::Linear other(16, 16);
   auto guard_offload = enable_offload(*other, test::sim_options(dir));
+  guard_offload->reset_run_stats();
   const double plain_active = seconds_per_forward(net, x, 200);
+  EXPECT_EQ(guard_offload->report()["run"]["intercepted_ops"].get<std::int64_t>(), 0);
   guard_offload.reset();
 
   auto offload = enable_offload(*net, test::sim_options(dir, {{"pin_cpu_memory", false}}));
+  offload->reset_run_stats();
   const double managed = seconds_per_forward(net, x, 200);
+  const nlohmann::json run = offload->report()["run"];
+  EXPECT_EQ(run["intercepted_ops"].get<std::int64_t>(), std::int64_t{kLayers} * (20 + 200));
+  EXPECT_EQ(run["acquires"].get<std::int64_t>(), std::int64_t{kLayers} * (20 + 200));
   const double per_op_us = (managed - plain) / kLayers * 1e6;
   const double check_us = (plain_active - plain) / kLayers * 1e6;
   std::printf("[ overhead ] plain %.2f us/op, unmanaged-with-offload-active +%.3f us/op, "
               "managed (acquire + view + release, sim engine) +%.2f us/op\n",
               plain / kLayers * 1e6, check_us, per_op_us);
   std::printf("%s", offload->summary().c_str());
-  EXPECT_LT(check_us, 1.0);
-  EXPECT_LT(per_op_us, 50.0);  // loose on a shared CPU; see the printed figure
 }
 
 }  // namespace
