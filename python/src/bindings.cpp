@@ -59,7 +59,9 @@ std::string type_name(py::handle value) {
 // Core: config, presets, settings.
 // -------------------------------------------------------------------------------------------
 
-json config_defaults() { return core::config_to_json(core::DynamicOffloadConfig{}); }
+json config_defaults() {
+  return core::config_to_json(core::DynamicOffloadConfig{});
+}
 
 // A config from a (possibly partial) JSON object of fields over the defaults.
 core::DynamicOffloadConfig config_from(const json& fields) {
@@ -82,10 +84,9 @@ core::EnvMap env_from(const std::optional<std::map<std::string, std::string>>& e
   return env ? core::EnvMap(env->begin(), env->end()) : core::process_env();
 }
 
-core::DynamicOffloadSettings settings_from_env(const std::optional<std::string>& preset,
-                                               py::handle config, py::handle overrides,
-                                               const std::optional<std::map<std::string, std::string>>& env,
-                                               std::optional<bool> wsl) {
+core::DynamicOffloadSettings settings_from_env(
+    const std::optional<std::string>& preset, py::handle config, py::handle overrides,
+    const std::optional<std::map<std::string, std::string>>& env, std::optional<bool> wsl) {
   core::SettingsRequest request;
   request.preset = preset;
   if (!config.is_none()) request.config = config_from(to_json(config, "config"));
@@ -276,9 +277,8 @@ PYBIND11_MODULE(_C, m) {
     py::tuple bases = py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_FileNotFoundError),
                                      py::reinterpret_borrow<py::object>(PyExc_KeyError));
     ddo::python::g_not_found_error = PyErr_NewExceptionWithDoc(
-        "ddo.NotFoundError",
-        "A named ddo thing (a profile, a component, a file) does not exist.", bases.ptr(),
-        nullptr);
+        "ddo.NotFoundError", "A named ddo thing (a profile, a component, a file) does not exist.",
+        bases.ptr(), nullptr);
     if (ddo::python::g_not_found_error == nullptr) throw py::error_already_set();
     m.attr("NotFoundError") = py::reinterpret_borrow<py::object>(ddo::python::g_not_found_error);
   }
@@ -373,7 +373,8 @@ PYBIND11_MODULE(_C, m) {
       .def_static("from_env", &ddo::python::settings_from_env, py::arg("preset") = py::none(),
                   py::arg("config") = py::none(), py::arg("overrides") = py::none(),
                   py::arg("env") = py::none(), py::arg("wsl") = py::none())
-      .def("to_json", [](const ddo::core::DynamicOffloadSettings& s) { return from_json(s.to_json()); })
+      .def("to_json",
+           [](const ddo::core::DynamicOffloadSettings& s) { return from_json(s.to_json()); })
       .def("config_json",
            [](const ddo::core::DynamicOffloadSettings& s) {
              return from_json(ddo::core::config_to_json(s.config));
@@ -437,12 +438,13 @@ PYBIND11_MODULE(_C, m) {
              py::handle observation, py::handle recommendation) {
             ddo::core::ProfileObservation obs;
             ddo::core::ProfileRecommendation rec;
-            ddo::python::raise_status(
-                ddo::core::ProfileObservation::from_json(to_json(observation, "observation"), &obs));
+            ddo::python::raise_status(ddo::core::ProfileObservation::from_json(
+                to_json(observation, "observation"), &obs));
             ddo::python::raise_status(ddo::core::ProfileRecommendation::from_json(
                 to_json(recommendation, "recommendation"), &rec));
             py::gil_scoped_release release;
-            ddo::python::raise_status(s.save(ddo::python::identity_of(name, model_class), obs, rec));
+            ddo::python::raise_status(
+                s.save(ddo::python::identity_of(name, model_class), obs, rec));
           },
           py::arg("name"), py::arg("model_class"), py::arg("observation"),
           py::arg("recommendation"))
@@ -510,7 +512,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("details") = py::none(), py::arg("keep_history") = true)
       .def("read_capacity",
            [](const HostContextStore& s, py::handle context) {
-             return from_json(ddo::core::limits_to_json(s.read_capacity(to_json(context, "context"))));
+             return from_json(
+                 ddo::core::limits_to_json(s.read_capacity(to_json(context, "context"))));
            })
       .def("read_recommendation", [](const HostContextStore& s, py::handle context) {
         return from_json(s.read_recommendation(to_json(context, "context")).to_json());
@@ -527,14 +530,12 @@ PYBIND11_MODULE(_C, m) {
                                                  to_json(capacity_context, "capacity_context"));
            }),
            py::arg("directory"), py::arg("execution_context"), py::arg("capacity_context"))
-      .def_property_readonly("execution_context",
-                             [](const DynamicOffloadProfileSession& s) {
-                               return from_json(s.execution_context());
-                             })
-      .def_property_readonly("capacity_context",
-                             [](const DynamicOffloadProfileSession& s) {
-                               return from_json(s.capacity_context());
-                             })
+      .def_property_readonly(
+          "execution_context",
+          [](const DynamicOffloadProfileSession& s) { return from_json(s.execution_context()); })
+      .def_property_readonly(
+          "capacity_context",
+          [](const DynamicOffloadProfileSession& s) { return from_json(s.capacity_context()); })
       .def_property_readonly("execution_key", &DynamicOffloadProfileSession::execution_key)
       .def_property_readonly("capacity_key", &DynamicOffloadProfileSession::capacity_key)
       .def_property_readonly(

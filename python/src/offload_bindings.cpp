@@ -239,7 +239,8 @@ void bind_offload(py::module_& m) {
              }
              return run;
            })
-      .def("profile_report", [](const adapter::Offload& o) { return from_json(o.profile_report()); })
+      .def("profile_report",
+           [](const adapter::Offload& o) { return from_json(o.profile_report()); })
       .def("report", [](const adapter::Offload& o) { return from_json(o.report()); })
       .def("summary", &adapter::Offload::summary)
       .def("plan", [](const adapter::Offload& o) { return from_json(o.plan().to_json()); })
@@ -271,11 +272,10 @@ void bind_offload(py::module_& m) {
         return enable(std::move(args));
       },
       py::arg("model_class"), py::arg("entries"), py::arg("preset") = "auto",
-      py::arg("profile_name") = "", py::arg("build_profile") = false,
-      py::arg("settings") = nullptr, py::arg("config") = py::none(),
-      py::arg("overrides") = py::none(), py::arg("execution_device") = "",
-      py::arg("record_event") = py::none(), py::arg("env") = py::none(),
-      py::arg("device") = nullptr, py::arg("check_signals") = true);
+      py::arg("profile_name") = "", py::arg("build_profile") = false, py::arg("settings") = nullptr,
+      py::arg("config") = py::none(), py::arg("overrides") = py::none(),
+      py::arg("execution_device") = "", py::arg("record_event") = py::none(),
+      py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true);
 
   m.def("is_managed", &adapter::is_managed, py::arg("tensor"),
         "True when the tensor is a streamed weight of an active offload.");

@@ -7,8 +7,8 @@
 //   kInvalidArgument, kDataLoss              -> ValueError
 //   kFailedPrecondition, kUnavailable,
 //   kInternal                                -> RuntimeError
-//   kNotFound                                -> ddo.NotFoundError (a FileNotFoundError and KeyError)
-//   kResourceExhausted                       -> MemoryError
+//   kNotFound                                -> ddo.NotFoundError (a FileNotFoundError and
+//   KeyError) kResourceExhausted                       -> MemoryError
 //
 // Unknown keyword overrides are a TypeError (the C++ message lists them): see
 // check_override_names.

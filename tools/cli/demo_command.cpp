@@ -34,7 +34,9 @@ struct DemoArgs {
   bool json = false;
 };
 
-double gib(double bytes) { return bytes / core::kGiB; }
+double gib(double bytes) {
+  return bytes / core::kGiB;
+}
 
 int run_demo(const DemoArgs& args) {
   using adapter::testing::FluxDiT;
@@ -47,11 +49,14 @@ int run_demo(const DemoArgs& args) {
                 fmt::format("--device {} is not supported by the demo; use sim or cuda:N", device));
   }
   FluxDiTOptions opts = FluxDiTOptions::preset(args.size);
-  const double model_bytes = static_cast<double>(adapter::testing::FluxDiTImpl::parameter_bytes(opts));
+  const double model_bytes =
+      static_cast<double>(adapter::testing::FluxDiTImpl::parameter_bytes(opts));
   if (!args.json) {
     std::printf("ddo demo: W1 flux-dit (%s, %.1f M parameters, %.2f GiB) on %s, profile '%s'%s\n",
-                args.size.c_str(), static_cast<double>(adapter::testing::FluxDiTImpl::parameter_count(opts)) / 1e6, gib(model_bytes),
-                device.c_str(), args.profile.c_str(), args.calibrate ? " (calibration run)" : "");
+                args.size.c_str(),
+                static_cast<double>(adapter::testing::FluxDiTImpl::parameter_count(opts)) / 1e6,
+                gib(model_bytes), device.c_str(), args.profile.c_str(),
+                args.calibrate ? " (calibration run)" : "");
   }
   FluxDiT model(opts);
   const c10::Device input_device = sim ? c10::Device(c10::kCPU) : c10::Device(device);
@@ -94,9 +99,8 @@ int run_demo(const DemoArgs& args) {
   nlohmann::json report = offload->report();
 
   if (args.json) {
-    nlohmann::json out = {{"profile_report", profile},
-                          {"report", report},
-                          {"step_seconds", step_seconds}};
+    nlohmann::json out = {
+        {"profile_report", profile}, {"report", report}, {"step_seconds", step_seconds}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -106,10 +110,11 @@ int run_demo(const DemoArgs& args) {
     return profile.contains(key) && profile[key].is_number() ? profile[key].get<double>() : 0.0;
   };
   if (status == "saved") {
-    std::printf("profile saved: %s\n  resident budget %.3f GiB = total %.3f GiB - peak %.3f GiB - "
-                "headroom %.3f GiB\n",
-                path.c_str(), num("resident_budget_gb"), num("total_vram_gb"),
-                num("peak_vram_gb"), num("headroom_gb"));
+    std::printf(
+        "profile saved: %s\n  resident budget %.3f GiB = total %.3f GiB - peak %.3f GiB - "
+        "headroom %.3f GiB\n",
+        path.c_str(), num("resident_budget_gb"), num("total_vram_gb"), num("peak_vram_gb"),
+        num("headroom_gb"));
   } else if (status == "applied") {
     std::printf("profile applied: %s\n  resident budget %.3f GiB (%s)\n", path.c_str(),
                 num("resident_budget_gb"), profile.value("budget_source", "profile").c_str());
@@ -117,7 +122,8 @@ int run_demo(const DemoArgs& args) {
     std::printf("profile %s: %s\n", status.c_str(), profile.dump().c_str());
   }
   if (profile.contains("notes")) {
-    for (const auto& n : profile["notes"]) std::printf("  note: %s\n", n.get<std::string>().c_str());
+    for (const auto& n : profile["notes"])
+      std::printf("  note: %s\n", n.get<std::string>().c_str());
   }
   std::printf("\nsetup:");
   for (const auto& [name, seconds] : events) std::printf(" %s %.3f s", name.c_str(), seconds);
@@ -127,12 +133,13 @@ int run_demo(const DemoArgs& args) {
   const nlohmann::json& run = report["run"];
   if (run.contains("bytes_streamed")) {
     const double steps = std::max<double>(1, args.steps);
-    std::printf("streamed %.3f GiB per step, copy %.1f ms, compute waited %.1f ms, %.1f GB/s, "
-                "%lld prefetch hits, %lld on demand\n",
-                gib(run["bytes_streamed"].get<double>()) / steps, run["copy_ms"].get<double>(),
-                run["compute_wait_ms"].get<double>(), run["achieved_gbps"].get<double>(),
-                static_cast<long long>(run["prefetch_hits"].get<std::int64_t>()),
-                static_cast<long long>(run["on_demand"].get<std::int64_t>()));
+    std::printf(
+        "streamed %.3f GiB per step, copy %.1f ms, compute waited %.1f ms, %.1f GB/s, "
+        "%lld prefetch hits, %lld on demand\n",
+        gib(run["bytes_streamed"].get<double>()) / steps, run["copy_ms"].get<double>(),
+        run["compute_wait_ms"].get<double>(), run["achieved_gbps"].get<double>(),
+        static_cast<long long>(run["prefetch_hits"].get<std::int64_t>()),
+        static_cast<long long>(run["on_demand"].get<std::int64_t>()));
   }
   if (run.contains("peak_vram_gb")) {
     std::printf("peak device memory %.3f GiB of %.3f GiB\n", run["peak_vram_gb"].get<double>(),

@@ -74,9 +74,8 @@ int main(int argc, char** argv) {
     torch::nn::Linear decoder(opts.in_channels, 3);
     decoder->to(tensors_on);
     at::Tensor image = decoder->forward(latents);
-    std::printf("decoded %lld x %lld values, mean %.4f\n",
-                static_cast<long long>(image.size(1)), static_cast<long long>(image.size(2)),
-                image.mean().item<double>());
+    std::printf("decoded %lld x %lld values, mean %.4f\n", static_cast<long long>(image.size(1)),
+                static_cast<long long>(image.size(2)), image.mean().item<double>());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "staged_pipeline: %s\n", e.what());

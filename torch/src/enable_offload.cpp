@@ -50,7 +50,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+std::size_t align_up(std::size_t v, std::size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // Bytes from the tensor's first element to one past its last (non-negative strides).
 std::size_t span_bytes(const at::Tensor& t) {
@@ -96,7 +98,9 @@ void emit(const OffloadState& s, const std::string& name, double seconds,
 
 }  // namespace
 
-double gib(std::int64_t bytes) { return static_cast<double>(bytes) / core::kGiB; }
+double gib(std::int64_t bytes) {
+  return static_cast<double>(bytes) / core::kGiB;
+}
 
 std::string normalize_device_name(const std::string& device) {
   if (device == "cpu") return device;
@@ -113,9 +117,9 @@ std::string normalize_device_name(const std::string& device) {
   }
   throw Error(Code::kInvalidArgument,
               ddo::internal::str_cat("execution_device \"", device,
-                                "\" is not a device ddo executes on; use \"cuda:N\" (a GPU), "
-                                "\"sim\" / \"sim:N\" (the host simulation) or \"cpu\" (plan "
-                                "mode only)"));
+                                     "\" is not a device ddo executes on; use \"cuda:N\" (a GPU), "
+                                     "\"sim\" / \"sim:N\" (the host simulation) or \"cpu\" (plan "
+                                     "mode only)"));
 }
 
 namespace {
@@ -151,7 +155,8 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
     return std::shared_ptr<engine::Device>(engine::make_sim_device(o));
   }
   DDO_CHECK(name.rfind("cuda", 0) == 0, Code::kInvalidArgument, "execution_device \"",
-            execution_device, "\" cannot execute an offload; \"cpu\" is for plan mode only "
+            execution_device,
+            "\" cannot execute an offload; \"cpu\" is for plan mode only "
             "(execution_mode=plan); use \"cuda:N\" or \"sim\"");
 #ifdef DDO_HAVE_CUDA
   DDO_CHECK(engine::cuda_available(), Code::kUnavailable, "execution_device \"", name,
@@ -179,10 +184,11 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
   throw_if_error(engine::make_cuda_device(o, &dev));
   return std::shared_ptr<engine::Device>(std::move(dev));
 #else
-  throw Error(Code::kUnavailable,
-              ddo::internal::str_cat("execution_device \"", name,
-                                "\" needs a CUDA build of ddo; this build has no CUDA backend. "
-                                "Use execution_device=\"sim\""));
+  throw Error(
+      Code::kUnavailable,
+      ddo::internal::str_cat("execution_device \"", name,
+                             "\" needs a CUDA build of ddo; this build has no CUDA backend. "
+                             "Use execution_device=\"sim\""));
 #endif
 }
 
@@ -239,9 +245,9 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
   void* chunk = nullptr;
   Status st = s.device->allocate(total, &chunk);
   if (!st.ok()) {
-    throw Error(st.code(), ddo::internal::str_cat("moving ", total, " bytes of resident and small ",
-                                             "tensors to ", s.device_name,
-                                             " failed: ", st.message()));
+    throw Error(st.code(),
+                ddo::internal::str_cat("moving ", total, " bytes of resident and small ",
+                                       "tensors to ", s.device_name, " failed: ", st.message()));
   }
   std::shared_ptr<engine::Device> dev = s.device;
   std::shared_ptr<void> holder(chunk, [dev](void* p) { dev->deallocate(p); });
@@ -259,14 +265,13 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
   s.device->synchronize_stream(stream);
   for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
     ReplacedTensor& r = s.replaced[replaced_ids[k]];
-    at::Tensor dev_tensor = at::for_blob(static_cast<char*>(chunk) + offsets[k], r.sizes)
-                                .strides(r.strides)
-                                .deleter([holder](void*) {})
-                                .options(at::TensorOptions()
-                                             .dtype(r.handle.dtype())
-                                             .device(s.torch_device))
-                                .target_device(s.torch_device)
-                                .make_tensor();
+    at::Tensor dev_tensor =
+        at::for_blob(static_cast<char*>(chunk) + offsets[k], r.sizes)
+            .strides(r.strides)
+            .deleter([holder](void*) {})
+            .options(at::TensorOptions().dtype(r.handle.dtype()).device(s.torch_device))
+            .target_device(s.torch_device)
+            .make_tensor();
     set_weight(r.handle, dev_tensor);
   }
 }
@@ -300,7 +305,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
       r.original_device = handle.device();
       r.requires_grad = handle.requires_grad();
       r.action = action;
-      auto [it, inserted] = first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
+      auto [it, inserted] =
+          first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
       if (!inserted) r.tied_to = it->second;
       replaced_of[m][t] = static_cast<int>(s.replaced.size());
       s.replaced.push_back(std::move(r));
@@ -318,8 +324,10 @@ void apply_plan(OffloadState& s, int pin_workers) {
       if (id < 0 || s.replaced[id].tied_to >= 0) continue;
       const core::TensorAction a = s.replaced[id].action;
       if (a != core::TensorAction::kResident && a != core::TensorAction::kMoveOnce) continue;
-      const std::int64_t bytes = s.replaced[id].handle.numel() * s.replaced[id].handle.element_size();
-      (a == core::TensorAction::kResident ? s.setup.resident_bytes : s.setup.move_once_bytes) += bytes;
+      const std::int64_t bytes =
+          s.replaced[id].handle.numel() * s.replaced[id].handle.element_size();
+      (a == core::TensorAction::kResident ? s.setup.resident_bytes : s.setup.move_once_bytes) +=
+          bytes;
       ids.push_back(static_cast<std::size_t>(id));
     }
     if (resident) ++s.setup.resident_modules;
@@ -331,8 +339,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
   // 3. Streamed tensors: host slabs (one entry per unit), the scheduler, managed storages.
   t0 = Clock::now();
   struct UnitLayout {
-    std::vector<int> ids;                // replaced ids, model order
-    std::vector<std::size_t> offsets;    // byte offsets inside the unit
+    std::vector<int> ids;              // replaced ids, model order
+    std::vector<std::size_t> offsets;  // byte offsets inside the unit
     std::size_t bytes = 0;
     bool pinned = false;
   };
@@ -357,13 +365,14 @@ void apply_plan(OffloadState& s, int pin_workers) {
     auto rt = std::make_shared<StreamRuntime>();
     rt->kind = s.kind;
     rt->execution_device = s.torch_device;
-    rt->sticky_units = config.route == core::Route::kGroupBlock ||
-                       config.route == core::Route::kGroupLeaf;
+    rt->sticky_units =
+        config.route == core::Route::kGroupBlock || config.route == core::Route::kGroupLeaf;
     rt->device = s.device;
     rt->interception = acquire_interception();
 
     std::vector<engine::SlabTensor> slab_tensors;
-    for (const UnitLayout& u : units) slab_tensors.push_back({u.bytes, u.pinned && s.settings.pin_effective});
+    for (const UnitLayout& u : units)
+      slab_tensors.push_back({u.bytes, u.pinned && s.settings.pin_effective});
     engine::HostSlabOptions slab_options;
     slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
     throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &rt->slabs));
@@ -387,7 +396,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
         streamed += u.bytes;
       }
       const engine::DeviceMemory mem = s.device->memory();
-      const auto free_bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes));
+      const auto free_bytes =
+          static_cast<std::size_t>(std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes));
       const std::size_t room = free_bytes > 2 * largest ? (free_bytes - 2 * largest) / 2 : 0;
       so.window_bytes = std::max(largest, std::min({kDefaultWindowBytes, streamed, room}));
     }
@@ -395,8 +405,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
     rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
     rt->scheduler = rt->scheduler_owner.get();
     for (std::size_t i = 0; i < units.size(); ++i) {
-      const int id = rt->scheduler->add(rt->slabs->tensor_ptr(i), units[i].bytes,
-                                        rt->slabs->tensor_pinned(i));
+      const int id =
+          rt->scheduler->add(rt->slabs->tensor_ptr(i), units[i].bytes, rt->slabs->tensor_pinned(i));
       DDO_ASSERT(id == static_cast<int>(i), "scheduler unit ids must follow add() order");
     }
 
@@ -411,9 +421,9 @@ void apply_plan(OffloadState& s, int pin_workers) {
         const UnitLayout& u = units[ui];
         ReplacedTensor& r = s.replaced[u.ids[k]];
         char* data = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
-        at::Tensor managed = make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
-                                                 r.handle.scalar_type(), rt,
-                                                 static_cast<int>(ui), u.offsets[k]);
+        at::Tensor managed =
+            make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
+                                r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
         set_weight(r.handle, managed);
         if (r.handle.requires_grad()) r.handle.set_requires_grad(false);
       }
@@ -469,7 +479,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
     if (r.tied_to < 0) continue;
     at::Tensor target = s.replaced[r.tied_to].handle;
     set_weight(r.handle, target.detach());
-    if (r.handle.requires_grad() && managed_of(target) != nullptr) r.handle.set_requires_grad(false);
+    if (r.handle.requires_grad() && managed_of(target) != nullptr)
+      r.handle.set_requires_grad(false);
   }
 }
 
@@ -491,8 +502,8 @@ void OffloadState::restore() {
     if (r.tied_to >= 0) {
       restored[i] = restored[r.tied_to];
     } else {
-      at::Tensor fresh = at::empty_strided(r.sizes, r.strides,
-                                           at::TensorOptions().dtype(r.handle.dtype()));
+      at::Tensor fresh =
+          at::empty_strided(r.sizes, r.strides, at::TensorOptions().dtype(r.handle.dtype()));
       fresh.copy_(r.handle.detach());
       if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);
       restored[i] = fresh;
@@ -536,12 +547,13 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   core::DynamicOffloadConfig& config = s->settings.config;
   s->device_name = internal::normalize_device_name(config.execution_device);
   config.execution_device = s->device_name;
-  const bool plan_only = config.execution_mode == core::ExecutionMode::kPlan || !s->settings.enabled;
+  const bool plan_only =
+      config.execution_mode == core::ExecutionMode::kPlan || !s->settings.enabled;
   s->executing = !plan_only;
   if (s->device_name.rfind("cuda", 0) == 0) {
     s->kind = engine::DeviceKind::kCuda;
-    s->torch_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
-                                                  internal::device_index(s->device_name)));
+    s->torch_device = c10::Device(
+        c10::kCUDA, static_cast<c10::DeviceIndex>(internal::device_index(s->device_name)));
   } else {
     s->kind = engine::DeviceKind::kSim;
     s->torch_device = c10::Device(c10::kCPU);
@@ -639,12 +651,24 @@ Offload::~Offload() {
   }
 }
 
-void Offload::remove() { state_->restore(); }
-bool Offload::active() const { return state_->active; }
-const core::Plan& Offload::plan() const { return state_->plan; }
-const core::DynamicOffloadSettings& Offload::settings() const { return state_->settings; }
-std::shared_ptr<engine::Device> Offload::device() const { return state_->device; }
-nlohmann::json Offload::profile_report() const { return state_->profile_report; }
+void Offload::remove() {
+  state_->restore();
+}
+bool Offload::active() const {
+  return state_->active;
+}
+const core::Plan& Offload::plan() const {
+  return state_->plan;
+}
+const core::DynamicOffloadSettings& Offload::settings() const {
+  return state_->settings;
+}
+std::shared_ptr<engine::Device> Offload::device() const {
+  return state_->device;
+}
+nlohmann::json Offload::profile_report() const {
+  return state_->profile_report;
+}
 
 void Offload::reset_run_stats() {
   if (state_->runtime) state_->runtime->scheduler->reset_stats();
@@ -668,10 +692,11 @@ nlohmann::json Offload::report() const {
                 {"plan_seconds", f.plan_seconds},
                 {"pin_seconds", f.pin_seconds},
                 {"moves_seconds", f.moves_seconds},
-                {"bytes", {{"resident", f.resident_bytes},
-                           {"move_once", f.move_once_bytes},
-                           {"streamed", f.streamed_bytes},
-                           {"kept", f.kept_bytes}}},
+                {"bytes",
+                 {{"resident", f.resident_bytes},
+                  {"move_once", f.move_once_bytes},
+                  {"streamed", f.streamed_bytes},
+                  {"kept", f.kept_bytes}}},
                 {"pinned_bytes", f.pinned_bytes},
                 {"pageable_bytes", f.pageable_bytes},
                 {"pin_fallback_bytes", f.pin_fallback_bytes},
@@ -694,7 +719,8 @@ nlohmann::json Offload::report() const {
     run["bytes_streamed"] = st.bytes_copied;
     run["copy_ms"] = st.copy_ms;
     run["compute_wait_ms"] = st.wait_ms;
-    run["achieved_gbps"] = st.copy_ms > 0 ? static_cast<double>(st.bytes_copied) / (st.copy_ms * 1e6) : 0.0;
+    run["achieved_gbps"] =
+        st.copy_ms > 0 ? static_cast<double>(st.bytes_copied) / (st.copy_ms * 1e6) : 0.0;
     run["prefetch_hits"] = st.prefetch_hits;
     run["on_demand"] = st.on_demand;
     run["order_misses"] = st.order_misses;
@@ -724,11 +750,10 @@ std::string Offload::summary() const {
   const OffloadState& s = *state_;
   const nlohmann::json r = report();
   std::ostringstream out;
-  out << fmt::format("ddo offload of {} on {} (preset {}, {}, route {}){}\n", s.model_class,
-                     s.device_name, s.settings.effective_preset,
-                     core::to_string(s.settings.config.execution_mode),
-                     core::to_string(s.settings.config.route),
-                     s.executing ? "" : " -- plan only, nothing moved");
+  out << fmt::format(
+      "ddo offload of {} on {} (preset {}, {}, route {}){}\n", s.model_class, s.device_name,
+      s.settings.effective_preset, core::to_string(s.settings.config.execution_mode),
+      core::to_string(s.settings.config.route), s.executing ? "" : " -- plan only, nothing moved");
   out << fmt::format(
       "  setup {:.2f} s (plan {:.2f}, pin {:.2f}, moves {:.2f}); resident {:.2f} GiB in {} "
       "modules, move-once {:.2f} GiB, streamed {:.2f} GiB in {} units, pinned {:.2f} GiB, "
@@ -742,11 +767,10 @@ std::string Offload::summary() const {
     out << fmt::format(
         "  run: {} intercepted ops, streamed {:.3f} GiB, copy {:.1f} ms, compute waited {:.1f} ms, "
         "{:.1f} GB/s, {} prefetch hits, {} on demand, {} order misses\n",
-        run["intercepted_ops"].get<std::int64_t>(),
-        gib(run["bytes_streamed"].get<std::int64_t>()), run["copy_ms"].get<double>(),
-        run["compute_wait_ms"].get<double>(), run["achieved_gbps"].get<double>(),
-        run["prefetch_hits"].get<std::int64_t>(), run["on_demand"].get<std::int64_t>(),
-        run["order_misses"].get<std::int64_t>());
+        run["intercepted_ops"].get<std::int64_t>(), gib(run["bytes_streamed"].get<std::int64_t>()),
+        run["copy_ms"].get<double>(), run["compute_wait_ms"].get<double>(),
+        run["achieved_gbps"].get<double>(), run["prefetch_hits"].get<std::int64_t>(),
+        run["on_demand"].get<std::int64_t>(), run["order_misses"].get<std::int64_t>());
   }
   if (run.contains("peak_vram_gb")) {
     out << fmt::format("  memory: peak {:.2f} GiB of {:.2f} GiB\n",
@@ -755,8 +779,7 @@ std::string Offload::summary() const {
   }
   const nlohmann::json& p = s.profile_report;
   if (p.contains("status")) {
-    out << "  profile: " << p.value("name", std::string()) << " "
-        << p["status"].get<std::string>();
+    out << "  profile: " << p.value("name", std::string()) << " " << p["status"].get<std::string>();
     if (p.contains("resident_budget_gb") && !p["resident_budget_gb"].is_null()) {
       out << fmt::format(", resident budget {:.2f} GiB", p["resident_budget_gb"].get<double>());
     }

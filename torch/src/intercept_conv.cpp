@@ -6,7 +6,6 @@
 
 #include <ATen/ops/convolution_compositeexplicitautograd_dispatch.h>
 
-
 namespace ddo::adapter::internal::kernels {
 namespace {
 
@@ -17,8 +16,7 @@ at::Tensor convolution_staged(engine::DeviceKind kind, const at::Tensor& input,
                               at::IntArrayRef output_padding, int64_t groups) {
   if (C10_LIKELY(!any_managed(input, weight) && !any_managed_opt(bias))) {
     return at::compositeexplicitautograd::convolution(input, weight, bias, stride, padding,
-                                                      dilation, transposed, output_padding,
-                                                      groups);
+                                                      dilation, transposed, output_padding, groups);
   }
   StageScope scope(kind, "convolution");
   return at::compositeexplicitautograd::convolution(scope.stage(input), scope.stage(weight),

@@ -7,13 +7,12 @@
 
 #include <ATen/ops/embedding_compositeexplicitautograd_dispatch.h>
 
-
 namespace ddo::adapter::internal::kernels {
 namespace {
 
 at::Tensor embedding_staged(engine::DeviceKind kind, const at::Tensor& weight,
-                            const at::Tensor& indices, int64_t padding_idx,
-                            bool scale_grad_by_freq, bool sparse) {
+                            const at::Tensor& indices, int64_t padding_idx, bool scale_grad_by_freq,
+                            bool sparse) {
   if (C10_LIKELY(!any_managed(weight, indices))) {
     return at::compositeexplicitautograd::embedding(weight, indices, padding_idx,
                                                     scale_grad_by_freq, sparse);
@@ -32,8 +31,8 @@ at::Tensor embedding_cpu(const at::Tensor& weight, const at::Tensor& indices, in
 }
 
 #ifdef DDO_HAVE_CUDA
-at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices,
-                          int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
+at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
+                          bool scale_grad_by_freq, bool sparse) {
   return embedding_staged(engine::DeviceKind::kCuda, weight, indices, padding_idx,
                           scale_grad_by_freq, sparse);
 }

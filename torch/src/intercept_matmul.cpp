@@ -16,7 +16,6 @@
 #include <ATen/ops/mm_cuda_dispatch.h>
 #endif
 
-
 namespace ddo::adapter::internal::kernels {
 
 using engine::DeviceKind;

@@ -39,8 +39,8 @@ at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                             at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                             at::IntArrayRef output_padding, int64_t groups);
-at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices,
-                          int64_t padding_idx, bool scale_grad_by_freq, bool sparse);
+at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
+                          bool scale_grad_by_freq, bool sparse);
 #endif
 
 }  // namespace ddo::adapter::internal::kernels

@@ -53,19 +53,32 @@ ModuleTree module_tree_from(torch::nn::Module& model) {
 
 std::string dtype_name(c10::ScalarType type) {
   switch (type) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Bool: return "bool";
-    case c10::ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
-    case c10::ScalarType::Float8_e5m2: return "float8_e5m2";
-    default: return c10::toString(type);
+    case c10::ScalarType::Float:
+      return "float32";
+    case c10::ScalarType::Double:
+      return "float64";
+    case c10::ScalarType::Half:
+      return "float16";
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Byte:
+      return "uint8";
+    case c10::ScalarType::Char:
+      return "int8";
+    case c10::ScalarType::Short:
+      return "int16";
+    case c10::ScalarType::Int:
+      return "int32";
+    case c10::ScalarType::Long:
+      return "int64";
+    case c10::ScalarType::Bool:
+      return "bool";
+    case c10::ScalarType::Float8_e4m3fn:
+      return "float8_e4m3fn";
+    case c10::ScalarType::Float8_e5m2:
+      return "float8_e5m2";
+    default:
+      return c10::toString(type);
   }
 }
 

@@ -23,7 +23,8 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     request.config = options.config;
     settings = core::DynamicOffloadSettings::from_env(request, env);
   }
-  if (!options.execution_device.empty()) settings.config.execution_device = options.execution_device;
+  if (!options.execution_device.empty())
+    settings.config.execution_device = options.execution_device;
 
   auto pipe = std::unique_ptr<PipelineOffload>(new PipelineOffload());
   for (auto& [name, module] : components) {
@@ -77,7 +78,9 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
   return pipe;
 }
 
-PipelineOffload::~PipelineOffload() { remove(); }
+PipelineOffload::~PipelineOffload() {
+  remove();
+}
 
 Offload* PipelineOffload::component(const std::string& name) {
   for (auto& c : components_) {

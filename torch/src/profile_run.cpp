@@ -19,8 +19,8 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
   region->offload = &offload;
   const core::RegionAction action = offload.prepared.region;
   if (action != core::RegionAction::kNone) {
-    DDO_CHECK(offload.executing && offload.probe != nullptr, Code::kFailedPrecondition,
-              "profile '", offload.prepared.report.name,
+    DDO_CHECK(offload.executing && offload.probe != nullptr, Code::kFailedPrecondition, "profile '",
+              offload.prepared.report.name,
               "' needs a measured run, but this offload does not execute (plan mode or "
               "disabled); use execution_mode=linear_runtime on a CUDA or sim device");
     DDO_CHECK(offload.active, Code::kFailedPrecondition,
@@ -37,8 +37,7 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
 }
 
 nlohmann::json close_region(RegionState& region, bool normally) {
-  DDO_CHECK(!region.done, Code::kFailedPrecondition,
-            "this profile_run() region has already ended");
+  DDO_CHECK(!region.done, Code::kFailedPrecondition, "this profile_run() region has already ended");
   region.done = true;
   OffloadState& offload = *region.offload;
   offload.region_open = false;
@@ -91,10 +90,16 @@ nlohmann::json ProfileRun::abort() {
   return internal::close_region(*state_, /*normally=*/false);
 }
 
-const nlohmann::json& ProfileRun::report() const { return state_->report; }
-bool ProfileRun::active() const { return state_ && !state_->done; }
+const nlohmann::json& ProfileRun::report() const {
+  return state_->report;
+}
+bool ProfileRun::active() const {
+  return state_ && !state_->done;
+}
 
-ProfileRun Offload::profile_run() { return ProfileRun(internal::open_region(*state_)); }
+ProfileRun Offload::profile_run() {
+  return ProfileRun(internal::open_region(*state_));
+}
 
 nlohmann::json Offload::profile_run(const std::function<void()>& region) {
   ProfileRun run = profile_run();

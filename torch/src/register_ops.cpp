@@ -25,7 +25,9 @@ namespace internal {
 
 // --- managed storage -----------------------------------------------------------------------------
 
-void managed_deleter(void* context) { delete static_cast<ManagedWeight*>(context); }
+void managed_deleter(void* context) {
+  delete static_cast<ManagedWeight*>(context);
+}
 
 at::Tensor make_managed_tensor(void* data, std::size_t bytes, at::IntArrayRef sizes,
                                at::IntArrayRef strides, c10::ScalarType dtype,
@@ -55,10 +57,18 @@ std::atomic<StageObserver> g_stage_observer{nullptr};
 std::atomic<CurrentStreamFn> g_current_stream{nullptr};
 }  // namespace
 
-void set_stage_observer(StageObserver observer) { g_stage_observer.store(observer); }
-StageObserver stage_observer() { return g_stage_observer.load(std::memory_order_relaxed); }
-void set_current_stream_fn(CurrentStreamFn fn) { g_current_stream.store(fn); }
-CurrentStreamFn current_stream_fn() { return g_current_stream.load(std::memory_order_relaxed); }
+void set_stage_observer(StageObserver observer) {
+  g_stage_observer.store(observer);
+}
+StageObserver stage_observer() {
+  return g_stage_observer.load(std::memory_order_relaxed);
+}
+void set_current_stream_fn(CurrentStreamFn fn) {
+  g_current_stream.store(fn);
+}
+CurrentStreamFn current_stream_fn() {
+  return g_current_stream.load(std::memory_order_relaxed);
+}
 
 // --- the staging step ----------------------------------------------------------------------------
 
@@ -104,11 +114,12 @@ at::Tensor StageScope::stage(const at::Tensor& t) {
     counted_ = true;
   }
   char* data = base + m->offset_bytes + t.storage_offset() * static_cast<int64_t>(t.itemsize());
-  at::Tensor staged = at::for_blob(data, t.sizes())
-                          .strides(t.strides())
-                          .options(at::TensorOptions().dtype(t.dtype()).device(rt->execution_device))
-                          .target_device(rt->execution_device)
-                          .make_tensor();
+  at::Tensor staged =
+      at::for_blob(data, t.sizes())
+          .strides(t.strides())
+          .options(at::TensorOptions().dtype(t.dtype()).device(rt->execution_device))
+          .target_device(rt->execution_device)
+          .make_tensor();
   if (StageObserver obs = stage_observer(); C10_UNLIKELY(obs != nullptr)) obs(staged, m->unit);
   return staged;
 }
@@ -157,8 +168,8 @@ Libraries* register_kernels() {
   auto* libs = new Libraries;
   DropOverrideWarning filter(c10::WarningUtils::get_warning_handler());
   c10::WarningUtils::WarningHandlerGuard guard(&filter);
-  libs->cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                               c10::DispatchKey::CPU, __FILE__, __LINE__);
+  libs->cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU,
+                                               __FILE__, __LINE__);
   libs->cpu->impl("addmm", TORCH_FN(kernels::addmm_cpu));
   libs->cpu->impl("mm", TORCH_FN(kernels::mm_cpu));
   libs->cpu->impl("bmm", TORCH_FN(kernels::bmm_cpu));
@@ -196,7 +207,9 @@ std::shared_ptr<InterceptionHandle> acquire_interception() {
 
 }  // namespace internal
 
-bool is_managed(const at::Tensor& t) { return internal::managed_of(t) != nullptr; }
+bool is_managed(const at::Tensor& t) {
+  return internal::managed_of(t) != nullptr;
+}
 
 bool interception_active() {
   std::lock_guard<std::mutex> lock(internal::g_registration_mutex);
@@ -204,7 +217,9 @@ bool interception_active() {
 }
 
 namespace testing {
-void set_stage_observer(StageObserver observer) { internal::set_stage_observer(observer); }
+void set_stage_observer(StageObserver observer) {
+  internal::set_stage_observer(observer);
+}
 }  // namespace testing
 
 }  // namespace ddo::adapter

@@ -98,7 +98,8 @@ TEST_P(LinearOffloadTest, OutputsEqualUnmanagedFor2dAnd3dInputs) {
   }
   testing::set_stage_observer(nullptr);
   EXPECT_TRUE(test::ManagedReadGuard::violations().empty())
-      << "un-intercepted ops read managed weights: " << *test::ManagedReadGuard::violations().begin();
+      << "un-intercepted ops read managed weights: "
+      << *test::ManagedReadGuard::violations().begin();
   EXPECT_GT(g_staged.load(), 0);
   EXPECT_EQ(g_outside.load(), 0) << "a staged weight was not in device memory";
   const nlohmann::json report = offload->report();

@@ -53,9 +53,10 @@ TEST(Overhead, HostTimePerInterceptedOp) {
   EXPECT_EQ(run["acquires"].get<std::int64_t>(), std::int64_t{kLayers} * (20 + 200));
   const double per_op_us = (managed - plain) / kLayers * 1e6;
   const double check_us = (plain_active - plain) / kLayers * 1e6;
-  std::printf("[ overhead ] plain %.2f us/op, unmanaged-with-offload-active +%.3f us/op, "
-              "managed (acquire + view + release, sim engine) +%.2f us/op\n",
-              plain / kLayers * 1e6, check_us, per_op_us);
+  std::printf(
+      "[ overhead ] plain %.2f us/op, unmanaged-with-offload-active +%.3f us/op, "
+      "managed (acquire + view + release, sim engine) +%.2f us/op\n",
+      plain / kLayers * 1e6, check_us, per_op_us);
   std::printf("%s", offload->summary().c_str());
 }
 

@@ -105,9 +105,8 @@ TEST(DitOffload, PinFailureFallsBackOrErrors) {
   Dit dit;
   {
     TempDir dir;
-    auto offload = enable_offload(*dit.model,
-                                  dit_options(dir, {{"pin_cpu_memory", true},
-                                                    {"sim_pinnable_gb", 0.0}}));
+    auto offload = enable_offload(
+        *dit.model, dit_options(dir, {{"pin_cpu_memory", true}, {"sim_pinnable_gb", 0.0}}));
     const nlohmann::json r = offload->report();
     EXPECT_GT(r["setup"]["pin_fallback_bytes"].get<int64_t>(), 0) << offload->summary();
     EXPECT_TRUE(at::equal(dit.run(), dit.ref));
@@ -179,7 +178,8 @@ TEST(ProfileRun, CalibrateSaveReuseAppliesRecommendation) {
     o.profile_name = "tiny-workload";
     auto offload = enable_offload(*dit.model, o);
     EXPECT_NEAR(offload->profile_report()["resident_budget_gb"].get<double>(), 0.00005, 1e-12);
-    EXPECT_LE(offload->plan().resident_budget_bytes, static_cast<int64_t>(0.00005 * core::kGiB) + 1);
+    EXPECT_LE(offload->plan().resident_budget_bytes,
+              static_cast<int64_t>(0.00005 * core::kGiB) + 1);
     EXPECT_TRUE(at::equal(dit.run(), dit.ref));
   }
 }

@@ -35,9 +35,10 @@ class TempDir {
   // POSIX nftw, not std::filesystem::remove_all: libtorch.so exports its own copy of some
   // std::filesystem symbols, and its remove_all crashes when it interposes libstdc++'s.
   ~TempDir() {
-    nftw(path_.c_str(),
-         [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+    nftw(
+        path_.c_str(),
+        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+        FTW_DEPTH | FTW_PHYS);
   }
   const std::filesystem::path& path() const { return path_; }
 
@@ -140,10 +141,9 @@ class RecordingDevice : public engine::Device {
 class ManagedReadGuard {
  public:
   ManagedReadGuard() {
-    handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(&ManagedReadGuard::on_enter)
-            .needsInputs(true)
-            .scopes({at::RecordScope::FUNCTION}));
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&ManagedReadGuard::on_enter)
+                                        .needsInputs(true)
+                                        .scopes({at::RecordScope::FUNCTION}));
   }
   ~ManagedReadGuard() { at::removeCallback(handle_); }
 
@@ -166,10 +166,10 @@ class ManagedReadGuard {
         "aten::_convolution_mode",
         // metadata only: views of the weight
         "aten::t", "aten::transpose", "aten::permute", "aten::view", "aten::reshape",
-        "aten::_reshape_alias", "aten::expand", "aten::as_strided", "aten::alias",
-        "aten::detach", "aten::numpy_T", "aten::unsqueeze", "aten::squeeze", "aten::select",
-        "aten::slice", "aten::_unsafe_view", "aten::lift_fresh", "aten::size", "aten::stride",
-        "aten::is_pinned", "aten::set_data", "aten::requires_grad_", "aten::_has_compatible_shallow_copy_type",
+        "aten::_reshape_alias", "aten::expand", "aten::as_strided", "aten::alias", "aten::detach",
+        "aten::numpy_T", "aten::unsqueeze", "aten::squeeze", "aten::select", "aten::slice",
+        "aten::_unsafe_view", "aten::lift_fresh", "aten::size", "aten::stride", "aten::is_pinned",
+        "aten::set_data", "aten::requires_grad_", "aten::_has_compatible_shallow_copy_type",
         "aten::detach_"};
     const std::string name = fn.name();
     if (allowed.count(name) != 0) return nullptr;

@@ -80,18 +80,18 @@ std::string str_cat(const Args&... args) {
   } while (0)
 
 // Invariants: a failure is a ddo bug. Always on (the checks are off the hot path).
-#define DDO_ASSERT(cond, ...)                                                              \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      ::ddo::internal::assert_fail(#cond, __FILE__, __LINE__,                              \
+#define DDO_ASSERT(cond, ...)                                                                \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      ::ddo::internal::assert_fail(#cond, __FILE__, __LINE__,                                \
                                    ::ddo::internal::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
-    }                                                                                      \
+    }                                                                                        \
   } while (0)
 
 // Returns the status from the enclosing function when it is not ok.
-#define DDO_RETURN_IF_ERROR(expr)      \
-  do {                                 \
-    ::ddo::Status ddo_status_ = (expr); \
+#define DDO_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::ddo::Status ddo_status_ = (expr);        \
     if (!ddo_status_.ok()) return ddo_status_; \
   } while (0)
 

@@ -41,12 +41,12 @@ struct SchedulerOptions {
 struct SchedulerStats {
   std::int64_t acquires = 0;
   std::int64_t bytes_copied = 0;
-  std::int64_t prefetch_hits = 0;    // acquired units that were already in flight or landed
-  std::int64_t on_demand = 0;        // acquired units copied only when asked
-  std::int64_t order_misses = 0;     // acquires that did not match the trace
-  std::int64_t relearns = 0;         // times the trace was learned again
-  double copy_ms = 0.0;              // device time spent copying (timing events)
-  double wait_ms = 0.0;              // host-observed time the compute side waited for copies
+  std::int64_t prefetch_hits = 0;  // acquired units that were already in flight or landed
+  std::int64_t on_demand = 0;      // acquired units copied only when asked
+  std::int64_t order_misses = 0;   // acquires that did not match the trace
+  std::int64_t relearns = 0;       // times the trace was learned again
+  double copy_ms = 0.0;            // device time spent copying (timing events)
+  double wait_ms = 0.0;            // host-observed time the compute side waited for copies
   std::int64_t staging_bytes = 0;
   std::int64_t peak_in_flight_bytes = 0;
   std::size_t trace_length = 0;

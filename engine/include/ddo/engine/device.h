@@ -4,7 +4,8 @@
 // Two backends implement it: CUDA (`make_cuda_device`, backends/cuda_device.cpp; the only file
 // that includes the CUDA runtime) and the host simulation (`make_sim_device`,
 // backends/sim_device.cpp), a capacity-limited host arena standing in for device memory with an
-// asynchronous copy worker standing in for the copy engine, so CI runs the same logic without a GPU.
+// asynchronous copy worker standing in for the copy engine, so CI runs the same logic without a
+// GPU.
 //
 //   auto dev = ddo::engine::make_sim_device({.capacity_bytes = 1 << 30});
 //   void* d = nullptr;
@@ -40,9 +41,9 @@ enum class DeviceKind { kCuda, kSim };
 struct DeviceCaps {
   DeviceKind kind = DeviceKind::kSim;
   int index = 0;
-  std::string name;          // "NVIDIA H200", "ddo-sim"
-  bool async_copy = true;    // copies on a side stream overlap compute
-  bool pinned_host = true;   // allocate_host returns memory the copy engine reads at full speed
+  std::string name;            // "NVIDIA H200", "ddo-sim"
+  bool async_copy = true;      // copies on a side stream overlap compute
+  bool pinned_host = true;     // allocate_host returns memory the copy engine reads at full speed
   bool host_register = false;  // register_host can pin memory the caller already owns
   bool timing_events = true;   // elapsed_ms works
 };
@@ -90,7 +91,8 @@ class Device {
 
   virtual void record_event(Event event, Stream stream) = 0;
   // Work submitted to `stream` after this call starts only once `event` completes. The host
-  // does not wait (for the simulation's default stream, the calling thread is the stream and waits).
+  // does not wait (for the simulation's default stream, the calling thread is the stream and
+  // waits).
   virtual void stream_wait_event(Stream stream, Event event) = 0;
   virtual void synchronize_event(Event event) = 0;  // the host waits
   virtual bool event_done(Event event) = 0;

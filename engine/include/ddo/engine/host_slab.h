@@ -10,9 +10,9 @@
 //   HostSlabOptions opts;
 //   opts.max_slab_bytes = 1 << 30;
 //   std::unique_ptr<HostSlabs> slabs;
-//   DDO_RETURN_IF_ERROR(HostSlabs::create(device, {{bytes0, true}, {bytes1, false}}, opts, &slabs));
-//   slabs->fill({src0, src1}, /*workers=*/4);   // parallel memcpy into the slabs
-//   const void* w0 = slabs->tensor_ptr(0);
+//   DDO_RETURN_IF_ERROR(HostSlabs::create(device, {{bytes0, true}, {bytes1, false}}, opts,
+//   &slabs)); slabs->fill({src0, src1}, /*workers=*/4);   // parallel memcpy into the slabs const
+//   void* w0 = slabs->tensor_ptr(0);
 #pragma once
 
 #include <cstddef>
