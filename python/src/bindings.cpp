@@ -225,12 +225,12 @@ py::object from_json(const json& value) {
     case json::value_t::array: {
       py::list out;
       for (const auto& item : value) out.append(from_json(item));
-      return std::move(out);
+      return out;
     }
     case json::value_t::object: {
       py::dict out;
       for (const auto& [key, item] : value.items()) out[py::str(key)] = from_json(item);
-      return std::move(out);
+      return out;
     }
     case json::value_t::binary:
     case json::value_t::discarded:
