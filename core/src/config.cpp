@@ -11,20 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text.h"
+
 namespace ddo::core {
 namespace {
 
 using nlohmann::json;
 
-std::string normalize_token(std::string_view text) {
-  std::size_t begin = 0;
-  std::size_t end = text.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-  std::string out(text.substr(begin, end - begin));
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+using text::normalize_token;
 
 // One enum's spellings, in the order users see them in error messages.
 template <typename E>

@@ -3,6 +3,8 @@
 #include <array>
 #include <cctype>
 
+#include "text.h"
+
 namespace ddo::core {
 namespace {
 
@@ -105,16 +107,6 @@ constexpr std::array<Preset, 7> kPresets = {{
     {"off", "disabled: plan mode only; the host moves modules itself", false, off},
 }};
 
-std::string normalize(std::string_view text) {
-  std::size_t begin = 0;
-  std::size_t end = text.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-  std::string out(text.substr(begin, end - begin));
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 const Preset* find_preset(std::string_view name) {
   for (const Preset& p : kPresets) {
     if (name == p.name) return &p;
@@ -131,7 +123,7 @@ std::vector<std::string> preset_names() {
 }
 
 Status resolve_preset(std::string_view name, PresetInfo* info) {
-  std::string key = normalize(name);
+  std::string key = text::normalize_token(name);
   if (key == "auto") key = std::string(kAutoPresetTarget);
   const Preset* preset = find_preset(key);
   if (preset == nullptr) {

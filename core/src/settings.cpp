@@ -8,25 +8,13 @@
 #include <unistd.h>  // environ
 
 #include "ddo/core/presets.h"
+#include "text.h"
 
 namespace ddo::core {
 namespace {
 
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
-    text.remove_prefix(1);
-  }
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-    text.remove_suffix(1);
-  }
-  return text;
-}
-
-std::string lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+using text::lower;
+using text::trim;
 
 // Reads DDO_* variables into a config. Each reader leaves the field alone when the variable is
 // absent, so presets stay in force underneath.
