@@ -15,7 +15,9 @@
 // Flags: --size tiny|small|full, --caps GiB list (0 = uncapped), --steps N (>= 5 timed steps
 // after one warm-up), --routes calibrated,block,leaf (subset), --device cuda|sim (default: cuda
 // when a GPU is present), --no-resident (skip the resident row; then --t-resident S supplies it),
-// --profile-dir DIR, --out FILE.json, --md FILE.md, --commit SHA.
+// --profile-dir DIR, --overrides JSON (config fields for every ddo row, e.g.
+// '{"prefetch_window_mb":2048}'), --out FILE.json, --md FILE.md, --commit SHA. Rows on CUDA also
+// record the caching allocator's retries, cudaMallocs and syncs inside the timed steps.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +60,7 @@ struct Context {
   double b_pinned = 0.0;  // bytes per second
   double model_bytes = 0.0;
   std::string profile_dir;
+  json overrides = json::object();  // --overrides: config fields for every ddo row
 };
 
 // Waits for the device so that host timers measure device work.
@@ -134,7 +137,7 @@ json run_row(Context& ctx, const RowSpec& spec) {
       ddo::core::EnvMap env;
       env["DDO_PROFILE_DIR"] = ctx.profile_dir;
       options.env = env;
-      options.overrides = json::object();
+      options.overrides = ctx.overrides;
       if (ctx.cuda && spec.cap_gib > 0) options.overrides["vram_cap_gb"] = spec.cap_gib;
       if (!ctx.cuda) options.overrides["sim_device_capacity_gb"] = sim->memory().total_bytes / kGiB;
       offload = ddo::adapter::enable_offload(ctx.model.ptr(), options);
@@ -142,13 +145,22 @@ json run_row(Context& ctx, const RowSpec& spec) {
     sync(*probe);
     row["setup_s"] = ddo::bench::now_s() - t0;
     std::vector<double> times;
+    ddo::adapter::AllocatorCounters before;
     auto reset = [&] {
       if (offload) offload->reset_run_stats();
+      before = ddo::adapter::allocator_counters(0);
     };
     if (offload && spec.route == "calibration") {
       row["profile_report"] = offload->profile_run([&] { times = run_steps(ctx, *probe, reset); });
     } else {
       times = run_steps(ctx, *probe, reset);
+    }
+    if (ctx.cuda) {
+      // Allocator events inside the timed steps: each retry frees the cache and synchronizes.
+      const ddo::adapter::AllocatorCounters after = ddo::adapter::allocator_counters(0);
+      row["timed_alloc_retries"] = after.alloc_retries - before.alloc_retries;
+      row["timed_device_allocs"] = after.device_allocs - before.device_allocs;
+      row["timed_allocator_syncs"] = after.sync_all_streams - before.sync_all_streams;
     }
     row["first_step_s"] = times.front();
     row["step_s"] = std::vector<double>(times.begin() + 1, times.end());
@@ -180,13 +192,16 @@ json run_row(Context& ctx, const RowSpec& spec) {
     std::fprintf(stderr, "w1: %s at cap %g GiB failed: %s\n", spec.route.c_str(), spec.cap_gib,
                  e.what());
   }
+  // Host RAM of setup and steps (what the target is about); removal, which rebuilds ordinary
+  // CPU tensors while the slabs still exist, is reported on its own.
+  row["peak_host_rss_gib"] = ddo::bench::proc_status_bytes("VmHWM") / kGiB;
   offload.reset();  // restores the model to host memory
   if (spec.route == "resident" && ctx.cuda) ctx.model->to(torch::kCPU);
   const ddo::adapter::MeasurementResult m = probe->stop_sampling();
   row["peak_vram_gib"] = m.peak_bytes / kGiB;
   row["peak_driver_vram_gib"] = m.peak_driver_used_bytes / kGiB;
   row["total_vram_gib"] = m.total_bytes / kGiB;
-  row["peak_host_rss_gib"] = ddo::bench::proc_status_bytes("VmHWM") / kGiB;
+  row["peak_host_rss_with_remove_gib"] = ddo::bench::proc_status_bytes("VmHWM") / kGiB;
   ddo::adapter::release_cached_device_memory();
   if (ctx.cuda) ddo::throw_if_error(ddo::adapter::apply_vram_cap(0, 0));
   std::fprintf(stderr, "w1: %s\n", row.dump().c_str());
@@ -261,6 +276,13 @@ int main(int argc, char** argv) {
   const std::string routes = args.get("routes", "calibrated,block,leaf");
   // A fresh folder per run, so calibration starts from nothing. Not std::filesystem::remove_all:
   // libtorch.so exports its own copy of that symbol, which crashes when called from here.
+  if (args.has("overrides")) {
+    ctx.overrides = json::parse(args.get("overrides", "{}"));
+    if (!ctx.overrides.is_object()) {
+      std::fprintf(stderr, "w1: --overrides takes a JSON object of config fields\n");
+      return 2;
+    }
+  }
   ctx.profile_dir = args.get("profile-dir", "");
   if (ctx.profile_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -276,6 +298,7 @@ int main(int argc, char** argv) {
   doc["device"] = ctx.exec_device;
   doc["size"] = size;
   doc["steps"] = ctx.steps;
+  if (!ctx.overrides.empty()) doc["overrides"] = ctx.overrides;
   if (!ctx.cuda) {
     doc["note"] = "host simulation: the numbers are CPU numbers, not a GPU's";
     std::fprintf(stderr,

@@ -1,11 +1,14 @@
 #include "ddo/engine/host_slab.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
+
+#include <sys/mman.h>
 
 namespace ddo::engine {
 
@@ -21,13 +24,17 @@ namespace ddo::engine {
 // model bytes plus at most 255 bytes per tensor.
 //
 // Pinned slabs come from Device::allocate_host (cudaHostAlloc), or, with pin_by_register, from
-// ordinary page-aligned memory registered with Device::register_host. Copies read either at the
-// same speed. Registering memory that is already paged in runs at 14.7 GB/s (benchmarks.md), but
-// here registration happens in create(), before fill() touches the pages, so the kernel faults
-// them in during the call: measured on the H200 machine for 6.3 GiB in 72 MiB tensors,
-// cudaHostAlloc + fill ran at 2.1-2.5 GB/s and register + fill at 3.1-3.2 GB/s. When pinning a slab
-// fails and fallback is allowed, that slab's tensors are packed again into ordinary slabs (only
-// slower to copy, never wrong); slabs that did pin stay pinned.
+// ordinary memory that fill() writes first and pin_registered() then registers
+// (Device::register_host). Copies read either at the same speed, but setup does not: measured on
+// the H200 machine (benchmarks.md), cudaHostAlloc runs at about 2.2 GB/s because the driver
+// faults and pins every page itself, while registering memory that is already paged in runs at
+// 14.7 GB/s and a 16-thread fill of fresh memory is far faster than either. Registering before
+// the fill (an earlier version) made the kernel fault the pages inside the call: 3.1 GB/s. So the
+// register path allocates 2 MiB-aligned memory advised for transparent huge pages (fewer faults
+// during the fill), fills it, and registers it afterwards, slabs in parallel. Until then its
+// tensors report tensor_pinned() == false. When pinning a slab fails and fallback is allowed,
+// that slab's tensors stay in (or are packed again into) ordinary memory: only slower to copy,
+// never wrong; slabs that did pin stay pinned.
 //
 // Note [Balanced fill]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -39,6 +46,7 @@ namespace {
 
 constexpr std::size_t kTensorAlignment = 256;
 constexpr std::size_t kPageBytes = 4096;
+constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 std::size_t align_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -48,7 +56,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-enum class SlabMemory { kHostAlloc, kRegistered, kOrdinary };
+// kPendingRegister: ordinary memory that pin_registered() will register.
+enum class SlabMemory { kHostAlloc, kRegistered, kPendingRegister, kOrdinary };
 
 struct Slab {
   char* base = nullptr;
@@ -85,6 +94,19 @@ void* ordinary_alloc(std::size_t bytes, std::size_t alignment) {
   return ptr;
 }
 
+// Memory for a slab that will be registered after the fill: huge-page aligned and advised, so
+// the fill faults 2 MiB pages instead of 4 KiB ones where the kernel allows it.
+void* register_ready_alloc(std::size_t bytes) {
+  const std::size_t alignment = bytes >= kHugePageBytes ? kHugePageBytes : kPageBytes;
+  void* ptr = ordinary_alloc(bytes, alignment);
+#ifdef MADV_HUGEPAGE
+  if (ptr != nullptr && bytes >= kHugePageBytes) {
+    (void)madvise(ptr, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);  // advice only
+  }
+#endif
+  return ptr;
+}
+
 }  // namespace
 
 struct HostSlabs::Impl {
@@ -96,6 +118,7 @@ struct HostSlabs::Impl {
   // Slab address ranges sorted by start, for contains().
   std::vector<std::pair<const char*, const char*>> ranges;
   HostSlabStats stats;
+  bool allow_pin_fallback = true;
 
   ~Impl() {
     for (Slab& slab : slabs) {
@@ -107,6 +130,7 @@ struct HostSlabs::Impl {
           device->unregister_host(slab.base);
           std::free(slab.base);
           break;
+        case SlabMemory::kPendingRegister:
         case SlabMemory::kOrdinary:
           std::free(slab.base);
           break;
@@ -123,19 +147,14 @@ struct HostSlabs::Impl {
       slab.memory = SlabMemory::kHostAlloc;
       return {};
     }
-    // Registration pins whole pages, so the slab starts on a page boundary.
-    void* ptr = ordinary_alloc(slab.bytes, kPageBytes);
+    // Registered after fill() (see Note [Exact-size slabs]); whole pages, so page-aligned.
+    void* ptr = register_ready_alloc(slab.bytes);
     if (ptr == nullptr) {
       return Status(Code::kResourceExhausted,
                     internal::str_cat("host allocation of ", slab.bytes, " bytes failed"));
     }
-    Status status = device->register_host(ptr, slab.bytes);
-    if (!status.ok()) {
-      std::free(ptr);
-      return status;
-    }
     slab.base = static_cast<char*>(ptr);
-    slab.memory = SlabMemory::kRegistered;
+    slab.memory = SlabMemory::kPendingRegister;
     return {};
   }
 };
@@ -188,11 +207,13 @@ Status HostSlabs::create(Device& device, const std::vector<SlabTensor>& tensors,
       }
       continue;
     }
-    for (std::size_t i : slab.tensors) {
-      impl.stats.pinned_bytes += static_cast<std::int64_t>(tensors[i].bytes);
+    if (slab.memory != SlabMemory::kPendingRegister) {
+      for (std::size_t i : slab.tensors) {
+        impl.stats.pinned_bytes += static_cast<std::int64_t>(tensors[i].bytes);
+      }
+      ++impl.stats.pinned_slabs;
     }
     impl.stats.slab_bytes += static_cast<std::int64_t>(slab.bytes);
-    ++impl.stats.pinned_slabs;
     impl.slabs.push_back(std::move(slab));
   }
 
@@ -230,6 +251,7 @@ Status HostSlabs::create(Device& device, const std::vector<SlabTensor>& tensors,
   }
   std::sort(impl.ranges.begin(), impl.ranges.end());
   impl.stats.alloc_seconds = seconds_since(start);
+  impl.allow_pin_fallback = options.allow_pin_fallback;
   *out = std::move(slabs);
   return {};
 }
@@ -295,6 +317,63 @@ void HostSlabs::fill(const std::vector<const void*>& sources, int workers) {
   impl.stats.fill_seconds += seconds_since(start);
 }
 
+Status HostSlabs::pin_registered(int workers) {
+  Impl& impl = *impl_;
+  std::vector<std::size_t> pending;
+  for (std::size_t s = 0; s < impl.slabs.size(); ++s) {
+    if (impl.slabs[s].memory == SlabMemory::kPendingRegister) pending.push_back(s);
+  }
+  if (pending.empty()) return {};
+  const auto start = std::chrono::steady_clock::now();
+  // One status per slab; threads take slabs in turn (registration of different ranges runs
+  // concurrently in the driver and kernel).
+  std::vector<Status> results(pending.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t k = next++; k < pending.size(); k = next++) {
+      Slab& slab = impl.slabs[pending[k]];
+      results[k] = impl.device->register_host(slab.base, slab.bytes);
+    }
+  };
+  const std::size_t n = std::min<std::size_t>(std::max(workers, 1), pending.size());
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t w = 1; w < n; ++w) threads.emplace_back(work);
+    work();
+    for (std::thread& t : threads) t.join();
+  }
+  Status first_error;
+  std::int64_t refused = 0;
+  for (std::size_t k = 0; k < pending.size(); ++k) {
+    Slab& slab = impl.slabs[pending[k]];
+    std::int64_t bytes = 0;
+    for (std::size_t i : slab.tensors) bytes += static_cast<std::int64_t>(impl.tensors[i].bytes);
+    if (results[k].ok()) {
+      slab.memory = SlabMemory::kRegistered;
+      impl.stats.pinned_bytes += bytes;
+      ++impl.stats.pinned_slabs;
+      continue;
+    }
+    // The data is already in place; the slab simply stays ordinary memory.
+    slab.memory = SlabMemory::kOrdinary;
+    impl.stats.pageable_bytes += bytes;
+    impl.stats.pin_fallback_bytes += bytes;
+    ++impl.stats.pageable_slabs;
+    refused += static_cast<std::int64_t>(slab.bytes);
+    if (first_error.ok()) first_error = results[k];
+  }
+  impl.stats.register_seconds += seconds_since(start);
+  if (!first_error.ok() && !impl.allow_pin_fallback) {
+    return Status(Code::kResourceExhausted,
+                  internal::str_cat("registering ", refused, " bytes of host slabs failed (",
+                                    first_error.message(),
+                                    "); set allow_pin_memory_fallback "
+                                    "(DDO_ALLOW_PIN_MEMORY_FALLBACK=1) to keep them in ordinary "
+                                    "memory, or lower the pin budget (DDO_PIN_WEIGHT_BUDGET_GB)"));
+  }
+  return {};
+}
+
 void* HostSlabs::tensor_ptr(std::size_t i) const {
   DDO_CHECK(i < impl_->ptrs.size(), Code::kInvalidArgument, "tensor index ", i,
             " is out of range; there are ", impl_->ptrs.size(), " tensors");
@@ -304,7 +383,8 @@ void* HostSlabs::tensor_ptr(std::size_t i) const {
 bool HostSlabs::tensor_pinned(std::size_t i) const {
   DDO_CHECK(i < impl_->ptrs.size(), Code::kInvalidArgument, "tensor index ", i,
             " is out of range; there are ", impl_->ptrs.size(), " tensors");
-  return impl_->slabs[impl_->slab_of[i]].memory != SlabMemory::kOrdinary;
+  const SlabMemory memory = impl_->slabs[impl_->slab_of[i]].memory;
+  return memory == SlabMemory::kHostAlloc || memory == SlabMemory::kRegistered;
 }
 
 std::size_t HostSlabs::size() const {

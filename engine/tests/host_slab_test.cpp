@@ -117,19 +117,80 @@ TEST(HostSlabs, PinFailureWithoutFallbackNamesSizesAndTheOption) {
   device->deallocate_host(probe);
 }
 
-TEST(HostSlabs, PinByRegisterUsesTheRegisterPath) {
+TEST(HostSlabs, PinByRegisterRegistersAfterTheFill) {
   auto device = sim(/*pinnable=*/20000);
   HostSlabOptions options;
   options.pin_by_register = true;
   std::unique_ptr<HostSlabs> slabs;
   ASSERT_TRUE(HostSlabs::create(*device, {{12345, true}, {99, false}}, options, &slabs).ok());
-  EXPECT_TRUE(slabs->tensor_pinned(0));
+  // Not pinned until registered: nothing of the pin budget is used yet.
+  EXPECT_FALSE(slabs->tensor_pinned(0));
+  EXPECT_EQ(slabs->stats().pinned_bytes, 0);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slabs->tensor_ptr(0)) % 4096, 0u);
+  std::vector<std::uint8_t> a(12345), b(99);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i * 7);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::uint8_t>(i + 1);
+  slabs->fill({a.data(), b.data()}, 2);
+  ASSERT_TRUE(slabs->pin_registered(2).ok());
+  EXPECT_TRUE(slabs->tensor_pinned(0));
+  EXPECT_FALSE(slabs->tensor_pinned(1));
+  EXPECT_EQ(slabs->stats().pinned_bytes, 12345);
+  EXPECT_EQ(std::memcmp(slabs->tensor_ptr(0), a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(slabs->tensor_ptr(1), b.data(), b.size()), 0);
   // The pin budget is in use by the registration.
   EXPECT_EQ(device->register_host(&options, 10000).code(), Code::kResourceExhausted);
+  // A second call has nothing left to do.
+  EXPECT_TRUE(slabs->pin_registered(2).ok());
   slabs.reset();
   EXPECT_TRUE(device->register_host(&options, 10000).ok());
   device->unregister_host(&options);
+}
+
+TEST(HostSlabs, RegisterFailureFallsBackKeepingTheData) {
+  auto device = sim(/*pinnable=*/15000);
+  HostSlabOptions options;
+  options.pin_by_register = true;
+  options.max_slab_bytes = 10000;
+  std::unique_ptr<HostSlabs> slabs;
+  ASSERT_TRUE(
+      HostSlabs::create(*device, {{9000, true}, {9000, true}, {9000, true}}, options, &slabs).ok());
+  std::vector<std::vector<std::uint8_t>> data(3, std::vector<std::uint8_t>(9000));
+  std::vector<const void*> sources;
+  for (std::size_t t = 0; t < 3; ++t) {
+    for (std::size_t i = 0; i < 9000; ++i) data[t][i] = static_cast<std::uint8_t>(i * (t + 3));
+    sources.push_back(data[t].data());
+  }
+  slabs->fill(sources, 3);
+  ASSERT_TRUE(slabs->pin_registered(3).ok());
+  // Only one 9000-byte slab fits the 15000-byte budget; the others stay ordinary memory.
+  int pinned = 0;
+  for (std::size_t t = 0; t < 3; ++t) {
+    pinned += slabs->tensor_pinned(t) ? 1 : 0;
+    EXPECT_EQ(std::memcmp(slabs->tensor_ptr(t), data[t].data(), 9000), 0) << t;
+  }
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(slabs->stats().pinned_bytes, 9000);
+  EXPECT_EQ(slabs->stats().pin_fallback_bytes, 18000);
+  EXPECT_EQ(slabs->stats().pageable_bytes, 18000);
+}
+
+TEST(HostSlabs, RegisterFailureWithoutFallbackNamesTheOption) {
+  auto device = sim(/*pinnable=*/15000);
+  HostSlabOptions options;
+  options.pin_by_register = true;
+  options.allow_pin_fallback = false;
+  options.max_slab_bytes = 10000;
+  std::unique_ptr<HostSlabs> slabs;
+  ASSERT_TRUE(HostSlabs::create(*device, {{9000, true}, {9000, true}}, options, &slabs).ok());
+  std::vector<std::uint8_t> a(9000, 1), b(9000, 2);
+  slabs->fill({a.data(), b.data()}, 1);
+  Status status = slabs->pin_registered(1);
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.code(), Code::kResourceExhausted);
+  EXPECT_NE(status.message().find("DDO_ALLOW_PIN_MEMORY_FALLBACK"), std::string::npos)
+      << status.message();
+  // Nothing already copied is lost.
+  EXPECT_EQ(std::memcmp(slabs->tensor_ptr(1), b.data(), b.size()), 0);
 }
 
 TEST(HostSlabs, FillWithSeveralWorkersCopiesEveryByte) {

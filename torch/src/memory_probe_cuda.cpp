@@ -179,11 +179,28 @@ Status apply_vram_cap(int device, std::int64_t cap_bytes) {
   return Status();
 }
 
+AllocatorCounters allocator_counters(int device) {
+  AllocatorCounters c;
+  if (!check_device(device).ok()) return c;
+  const auto stats =
+      c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  c.alloc_retries = stats.num_alloc_retries;
+  c.ooms = stats.num_ooms;
+  c.device_allocs = stats.num_device_alloc;
+  c.device_frees = stats.num_device_free;
+  c.sync_all_streams = stats.num_sync_all_streams;
+  return c;
+}
+
 void release_cached_device_memory() {
   if (cuda_memory_probe_available()) c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
 #else  // !DDO_HAVE_CUDA
+
+AllocatorCounters allocator_counters(int device) {
+  return {};
+}
 
 void release_cached_device_memory() {}
 

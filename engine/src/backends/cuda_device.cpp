@@ -18,7 +18,9 @@
 // with data that never arrived.
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "ddo/engine/device.h"
@@ -109,36 +111,44 @@ class CudaDevice final : public Device {
   Status allocate_host(std::size_t bytes, void** out) override {
     *out = nullptr;
     DDO_RETURN_IF_ERROR(set_device("allocate_host"));
+    DDO_RETURN_IF_ERROR(reserve_pinned(bytes, "cudaHostAlloc"));
     void* ptr = nullptr;
     const cudaError_t error = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
+      unreserve_pinned(bytes);
       return Status(
           Code::kResourceExhausted,
           cuda_message(error, internal::str_cat("cudaHostAlloc of ", bytes, " pinned bytes")));
     }
+    note_pinned(ptr, bytes);
     *out = ptr;
     return {};
   }
 
   void deallocate_host(void* ptr) override {
     if (ptr == nullptr) return;
+    forget_pinned(ptr);
     throw_on_cuda_error(cudaFreeHost(ptr), "cudaFreeHost");
   }
 
   Status register_host(void* ptr, std::size_t bytes) override {
     DDO_RETURN_IF_ERROR(set_device("register_host"));
+    DDO_RETURN_IF_ERROR(reserve_pinned(bytes, "cudaHostRegister"));
     const cudaError_t error = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
+      unreserve_pinned(bytes);
       return Status(
           Code::kResourceExhausted,
           cuda_message(error, internal::str_cat("cudaHostRegister of ", bytes, " bytes")));
     }
+    note_pinned(ptr, bytes);
     return {};
   }
 
   void unregister_host(void* ptr) override {
+    forget_pinned(ptr);
     throw_on_cuda_error(cudaHostUnregister(ptr), "cudaHostUnregister");
   }
 
@@ -239,6 +249,44 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // Pinned-byte accounting for CudaDeviceOptions::pinnable_bytes (setup and teardown only, never
+  // on the hot path; registration may run on several threads, hence the mutex).
+  Status reserve_pinned(std::size_t bytes, const char* what) {
+    if (options_.pinnable_bytes < 0) return {};
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    const auto n = static_cast<std::int64_t>(bytes);
+    if (pinned_bytes_ + n > options_.pinnable_bytes) {
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat(what, " of ", bytes, " bytes refused: ", pinned_bytes_,
+                                      " of the ", options_.pinnable_bytes,
+                                      " pinnable bytes (CudaDeviceOptions::pinnable_bytes) are "
+                                      "already pinned"));
+    }
+    pinned_bytes_ += n;
+    return {};
+  }
+  void unreserve_pinned(std::size_t bytes) {
+    if (options_.pinnable_bytes < 0) return;
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    pinned_bytes_ -= static_cast<std::int64_t>(bytes);
+  }
+  void note_pinned(void* ptr, std::size_t bytes) {
+    if (options_.pinnable_bytes < 0) return;
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    pinned_sizes_[ptr] = bytes;
+  }
+  void forget_pinned(void* ptr) {
+    if (options_.pinnable_bytes < 0) return;
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    auto it = pinned_sizes_.find(ptr);
+    if (it == pinned_sizes_.end()) return;
+    pinned_bytes_ -= static_cast<std::int64_t>(it->second);
+    pinned_sizes_.erase(it);
+  }
+
+  std::mutex pin_mu_;
+  std::int64_t pinned_bytes_ = 0;                        // guarded by pin_mu_
+  std::unordered_map<void*, std::size_t> pinned_sizes_;  // guarded by pin_mu_
   Status set_device(const char* what) {
     return cuda_status(cudaSetDevice(options_.index), Code::kInternal,
                        internal::str_cat("cudaSetDevice(", options_.index, ") before ", what));

@@ -114,7 +114,9 @@ struct DynamicOffloadConfig {
   double vram_cap_gb = 0.0;             // DDO_VRAM_CAP_GB: emulate a smaller card; 0 = off
   double sim_device_capacity_gb = 0.0;  // DDO_SIM_DEVICE_GB: capacity of the "sim" device; 0 = 8
   double sim_copy_gbps = 0.0;           // DDO_SIM_COPY_GBPS: simulated link speed; 0 = unthrottled
-  double sim_pinnable_gb = -1.0;  // DDO_SIM_PINNABLE_GB: pinning fails above this; < 0 = no limit
+  // DDO_SIM_PINNABLE_GB: pinning fails above this many GiB (on "sim", and on CUDA too, to test
+  // the pin fallback on a real card); < 0 = no limit.
+  double sim_pinnable_gb = -1.0;
 };
 
 // The spellings of the spec: plan, linear_runtime, sdnq_runtime; dynamic, group_block,

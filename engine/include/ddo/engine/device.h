@@ -115,6 +115,9 @@ struct CudaDeviceOptions {
   std::function<void*(std::size_t)> alloc;
   std::function<void(void*)> free;
   std::int64_t cap_bytes = 0;  // emulated VRAM cap reported as total; 0 = the card
+  // allocate_host / register_host fail once this many bytes are pinned, as on a host whose
+  // pinnable memory runs out (to test pin fallback on a real card); < 0 = no limit.
+  std::int64_t pinnable_bytes = -1;
 };
 
 // Options for the host-simulation backend.

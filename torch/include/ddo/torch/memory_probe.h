@@ -151,6 +151,19 @@ Status make_cuda_memory_probe(int device, std::unique_ptr<MemoryProbe>* out);
 Status apply_vram_cap(int device, std::int64_t cap_bytes);
 // The cap applied to `device`, 0 when none.
 std::int64_t vram_cap_bytes(int device);
+// Event counts of LibTorch's CUDA caching allocator since the process began. A benchmark reads
+// them around its timed steps: an allocation retry (the allocator hit its limit, freed its cache
+// and synchronized the device) or a cudaMalloc inside steady steps costs far more than a step's
+// copies, and explains a slow row.
+struct AllocatorCounters {
+  std::int64_t alloc_retries = 0;     // allocations that first failed and freed the cache
+  std::int64_t ooms = 0;              // allocations refused for good
+  std::int64_t device_allocs = 0;     // cudaMalloc calls
+  std::int64_t device_frees = 0;      // cudaFree calls
+  std::int64_t sync_all_streams = 0;  // device-wide synchronizations by the allocator
+};
+// Zeros without CUDA or a GPU.
+AllocatorCounters allocator_counters(int device);
 // Returns the caching allocator's unused cached blocks on every CUDA device to the driver
 // (emptyCache), so that benchmark rows start from the same state. No-op without CUDA.
 void release_cached_device_memory();
