@@ -3,13 +3,17 @@
 # and the benchmarks, and leaves logs and result files in $OUT. One device call; each step has
 # its own time limit so the whole stays inside one call's 10 minutes.
 #
-#   scripts/gpu-prepare-deps.sh                       # here, once: fills .deps/ (ignored)
-#   device run, carry [".deps"]:
+#   scripts/gpu-prepare-deps.sh                       # here, once: fills .deps/ and .whl/ (ignored)
+#   device run, carry [".deps", ".whl"]:
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh            # build, tests, micro-benchmarks, W1
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh test       # build and tests only
 #     DDO_W1_CAPS=8,12 bash scripts/gpu.sh w1         # build and W1 for some caps only
+#     DDO_SKIP_BUILD=1 bash scripts/gpu.sh py         # W1-py (diffusers) on the build already there
 #
-# Steps (a mode runs a subset): build, test, micro (copy_engine, op_overhead), w1. Knobs:
+# Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
+# test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead), w1, py (W1-py:
+# bench/python/w1_py.py, diffusers from the wheels in .whl). DDO_W1_EXTRA: flags of a second W1
+# invocation run after the first (its table goes to log.txt only). Knobs:
 # DDO_GPU_JOBS (16), DDO_W1_SIZE (full), DDO_W1_CAPS (8,12,16,24,0), DDO_W1_STEPS (5),
 # DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release),
 # DDO_GPU_BUILD (build folder, build-gpu), DDO_SKIP_BUILD=1 (use the build folder as it is),
@@ -20,8 +24,9 @@
 # Without a GPU (here) the same script builds, runs the CPU tests and the benchmarks on the host
 # simulation (tiny model), and GPU tests skip saying "no CUDA GPU".
 #
-# $OUT receives at most 8 files: build.log, ctest.log, bench.log, copy_engine.json,
-# op_overhead.json, w1.json, w1.md, summary.txt.
+# $OUT receives at most 8 files (the device tool's limit): summary.txt, log.txt (build, ctest,
+# pytest and benchmark output), copy_engine.json, op_overhead.json, w1.json, w1.md, w1py.json,
+# w1py.md.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -32,12 +37,14 @@ BUILD=${DDO_GPU_BUILD:-$ROOT/build-gpu}
 JOBS=${DDO_GPU_JOBS:-16}
 PY=${DDO_PYTHON:-python3}
 SUMMARY="$OUT/summary.txt"
+LOG="$OUT/log.txt"
 T_START=$(date +%s)
 export PYTHONUNBUFFERED=1 DDO_COMMIT=${DDO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 
 say() { echo "gpu.sh [$(($(date +%s) - T_START))s] $*" | tee -a "$SUMMARY"; }
 
 : >"$SUMMARY"
+: >"$LOG"
 say "mode=$MODE commit=$DDO_COMMIT"
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
@@ -91,29 +98,59 @@ fi
 # TORCH_CUDA_ARCH_LIST: torch's CMake otherwise compiles a GPU probe with the project's C++20
 # setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# The ddo Python package (ddo._C) is built in the same tree when the interpreter has its headers.
+PYBUILD=()
+if "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+  PYBUILD=(-DDDO_BUILD_PYTHON=ON "-DCMAKE_PROJECT_INCLUDE_BEFORE=$ROOT/python/cmake/torch_prefix.cmake")
+else
+  say "no Python.h for $PY: the ddo Python package is not built (py step unavailable)"
+fi
 build() {
   if [ "${DDO_SKIP_BUILD:-0}" = 1 ]; then say "build skipped (DDO_SKIP_BUILD=1): using $BUILD"; return 0; fi
+  echo "== build" >>"$LOG"
   if [ ! -f "$BUILD/build.ninja" ]; then
     timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
-      -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" \
-      -DPython3_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 || {
-      say "FAIL: configure (build.log)"; tail -30 "$OUT/build.log"; return 1; }
+      -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" "${PYBUILD[@]}" \
+      -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
+      >>"$LOG" 2>&1 || { say "FAIL: configure (log.txt)"; tail -30 "$LOG"; return 1; }
   fi
-  timeout "${DDO_BUILD_TIMEOUT:-330}" cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1
+  timeout "${DDO_BUILD_TIMEOUT:-330}" cmake --build "$BUILD" -j "$JOBS" >>"$LOG" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    say "FAIL: build rc=$rc (build.log)"; grep -E "error|FAILED" "$OUT/build.log" | head -20; return 1
+    say "FAIL: build rc=$rc (log.txt)"; grep -E "error|FAILED" "$LOG" | head -20; return 1
   fi
   say "build ok"
 }
 
+# Wheels the GPU machine lacks (diffusers, accelerate, ...), installed once into /tmp/site.
+SITE=/tmp/ddo-site
+install_wheels() {
+  if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 && [ ! -f "$SITE/.done" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 && touch "$SITE/.done" ||
+      say "wheel install from .whl failed (log.txt)"
+  fi
+  export PYTHONPATH="$BUILD/python${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+}
+
 run_tests() {
-  (cd "$BUILD" && timeout "${DDO_TEST_TIMEOUT:-180}" ctest --output-on-failure --timeout 120 \
-    -j "${DDO_CTEST_JOBS:-4}") >"$OUT/ctest.log" 2>&1
+  local tlog="$OUT/.ctest.txt"
+  # GPU tests run alone (-j 1 for label gpu): they measure the card's memory.
+  (cd "$BUILD" && timeout "${DDO_TEST_TIMEOUT:-150}" ctest --output-on-failure --timeout 120 \
+    -j "${DDO_CTEST_JOBS:-4}" -LE gpu && timeout 120 ctest --output-on-failure --timeout 110 -L gpu) \
+    >"$tlog" 2>&1
   local rc=$?
-  say "ctest rc=$rc: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-  grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$OUT/ctest.log" | head -20 | tee -a "$SUMMARY"
-  echo "GPU tests skipped: $(grep -c 'no CUDA GPU' "$OUT/ctest.log")" | tee -a "$SUMMARY"
+  cat "$tlog" >>"$LOG"
+  say "ctest rc=$rc: $(grep -E 'tests passed|tests failed' "$tlog" | tr '\n' ' ')"
+  grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$tlog" | head -20 | tee -a "$SUMMARY"
+  echo "GPU tests: $(grep -cE 'Test +#[0-9]+: CudaOffload.*Passed' "$tlog") CudaOffload passed; skipped for lack of a GPU: $(grep -c 'no CUDA GPU' "$tlog")" | tee -a "$SUMMARY"
+  rm -f "$tlog"
+  if [ ${#PYBUILD[@]} -gt 0 ]; then
+    install_wheels
+    echo "== pytest" >>"$LOG"
+    (cd "$ROOT" && timeout 120 "$PY" -m pytest -q -p no:cacheprovider python/tests) >>"$LOG" 2>&1
+    say "pytest rc=$?: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
+  fi
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...
@@ -122,8 +159,8 @@ bench() {  # bench NAME TIMEOUT ARGS...
   local exe
   exe=$(find "$BUILD" -maxdepth 3 -type f -name "$name" -perm -u+x | head -1)
   if [ -z "$exe" ]; then say "FAIL: no $name executable"; return 1; fi
-  echo "== $name $*" >>"$OUT/bench.log"
-  timeout "$limit" "$exe" "$@" >>"$OUT/bench.log" 2>&1
+  echo "== $name $*" >>"$LOG"
+  timeout "$limit" "$exe" "$@" >>"$LOG" 2>&1
   local rc=$?
   say "$name rc=$rc"
   return $rc
@@ -145,6 +182,28 @@ w1() {
     --routes "${DDO_W1_ROUTES:-calibrated,block,leaf}" --out "$OUT/w1.json" --md "$OUT/w1.md" \
     --commit "$DDO_COMMIT" ${DDO_W1_ARGS:-}
   [ -f "$OUT/w1.md" ] && cat "$OUT/w1.md" | tee -a "$SUMMARY"
+  if [ -n "${DDO_W1_EXTRA:-}" ]; then
+    left=$((570 - ($(date +%s) - T_START) - 20))
+    [ $left -lt 60 ] && left=60
+    # shellcheck disable=SC2086
+    bench w1 "$left" --size "$size" --steps "${DDO_W1_STEPS:-5}" --commit "$DDO_COMMIT" $DDO_W1_EXTRA
+  fi
+}
+
+py() {
+  if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: py step needs the ddo Python package"; return 1; fi
+  install_wheels
+  local left=$((570 - ($(date +%s) - T_START) - 20)) size=${DDO_W1_SIZE:-full} dev=()
+  [ "$HAVE_GPU" = 0 ] && { size=${DDO_W1_SIZE:-tiny}; dev=(--device sim); }
+  echo "== w1_py" >>"$LOG"
+  # shellcheck disable=SC2086
+  timeout "$left" "$PY" "$ROOT/bench/python/w1_py.py" --size "$size" "${dev[@]}" \
+    ${DDO_W1PY_CAPS:+--caps "$DDO_W1PY_CAPS"} --steps "${DDO_W1_STEPS:-5}" \
+    --out "$OUT/w1py.json" --md "$OUT/w1py.md" --commit "$DDO_COMMIT" ${DDO_W1PY_ARGS:-} >>"$LOG" 2>&1
+  local rc=$?
+  say "w1_py rc=$rc"
+  [ -f "$OUT/w1py.md" ] && cat "$OUT/w1py.md" | tee -a "$SUMMARY"
+  return $rc
 }
 
 case "$MODE" in
@@ -153,8 +212,10 @@ case "$MODE" in
   micro) build && micro ;;
   w1) build && w1 ;;
   bench) build && micro && w1 ;;
+  py) build && py ;;
   all) build && { run_tests; micro; w1; } ;;
-  *) echo "usage: scripts/gpu.sh [all|build|test|micro|w1|bench]" >&2; exit 2 ;;
+  everything) build && { run_tests; micro; w1; py; } ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"

@@ -229,7 +229,17 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
   };
   std::unique_ptr<engine::Device> dev;
   throw_if_error(engine::make_cuda_device(o, &dev));
-  return std::shared_ptr<engine::Device>(std::move(dev));
+  if (cap <= 0) return std::shared_ptr<engine::Device>(std::move(dev));
+  // The emulated card lasts as long as the device that asked for it: the last owner (the offload,
+  // or every component of a pipeline) gives the process back the cap it had before.
+  const std::int64_t previous = vram_cap_bytes(index);
+  return std::shared_ptr<engine::Device>(dev.release(), [index, previous](engine::Device* d) {
+    delete d;
+    try {
+      (void)apply_vram_cap(index, previous);
+    } catch (...) {  // at process exit CUDA may already be gone; nothing is left to restore
+    }
+  });
 #else
   throw Error(
       Code::kUnavailable,

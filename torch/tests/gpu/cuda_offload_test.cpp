@@ -181,6 +181,8 @@ TEST(CudaOffload, CalibrationAndReuseStayInsideTheCap) {
     // Fewer bytes streamed than in calibration: the recommendation was applied.
     EXPECT_LT(r["setup"]["bytes"].value("streamed", std::int64_t{0}), dit.bytes());
   }
+  // The emulated card went with the offload that asked for it.
+  EXPECT_EQ(vram_cap_bytes(0), 0);
 }
 
 // Staging is taken once: steady steps make no cudaMalloc and leave reserved memory flat.
