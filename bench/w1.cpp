@@ -16,8 +16,9 @@
 // after one warm-up), --routes calibrated,block,leaf (subset), --device cuda|sim (default: cuda
 // when a GPU is present), --no-resident (skip the resident row; then --t-resident S supplies it),
 // --profile-dir DIR, --overrides JSON (config fields for every ddo row, e.g.
-// '{"prefetch_window_mb":2048}'), --out FILE.json, --md FILE.md, --commit SHA. Rows on CUDA also
-// record the caching allocator's retries, cudaMallocs and syncs inside the timed steps.
+// '{"prefetch_window_mb":2048}'), --timeline (each ddo row keeps the per-unit copy and wait times
+// of its last step: CopyScheduler::timeline), --out FILE.json, --md FILE.md, --commit SHA. Rows on
+// CUDA also record the caching allocator's retries, cudaMallocs and syncs inside the timed steps.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +62,7 @@ struct Context {
   double model_bytes = 0.0;
   std::string profile_dir;
   json overrides = json::object();  // --overrides: config fields for every ddo row
+  bool timeline = false;            // --timeline: per-unit copy/wait times of the last step
 };
 
 // Waits for the device so that host timers measure device work.
@@ -79,12 +81,15 @@ std::unique_ptr<MemoryProbe> open_probe(const Context& ctx,
 }
 
 // Runs one warm-up step and ctx.steps timed steps; returns {first, steps...} in seconds.
+// `before_last` runs right before the last step is issued (after the sync), e.g. to mark it.
 std::vector<double> run_steps(Context& ctx, MemoryProbe& probe,
-                              const std::function<void()>& after_first = {}) {
+                              const std::function<void()>& after_first = {},
+                              const std::function<void()>& before_last = {}) {
   torch::NoGradGuard no_grad;
   std::vector<double> times;
   for (int i = 0; i <= ctx.steps; ++i) {
     sync(probe);
+    if (i == ctx.steps && before_last) before_last();
     const double t0 = ddo::bench::now_s();
     torch::Tensor out = ctx.model->forward(ctx.inputs.img, ctx.inputs.txt, ctx.inputs.timestep);
     sync(probe);
@@ -150,11 +155,15 @@ json run_row(Context& ctx, const RowSpec& spec) {
       if (offload) offload->reset_run_stats();
       before = ddo::adapter::allocator_counters(0);
     };
+    std::function<void()> mark;
+    if (offload && ctx.timeline) mark = [&] { offload->mark_step(); };
     if (offload && spec.route == "calibration") {
-      row["profile_report"] = offload->profile_run([&] { times = run_steps(ctx, *probe, reset); });
+      row["profile_report"] =
+          offload->profile_run([&] { times = run_steps(ctx, *probe, reset, mark); });
     } else {
-      times = run_steps(ctx, *probe, reset);
+      times = run_steps(ctx, *probe, reset, mark);
     }
+    if (mark) row["timeline"] = offload->timeline();  // the last step, synchronized above
     if (ctx.cuda) {
       // Allocator events inside the timed steps: each retry frees the cache and synchronizes.
       const ddo::adapter::AllocatorCounters after = ddo::adapter::allocator_counters(0);
@@ -283,6 +292,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  ctx.timeline = args.has("timeline");
   ctx.profile_dir = args.get("profile-dir", "");
   if (ctx.profile_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");

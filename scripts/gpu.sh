@@ -149,8 +149,40 @@ run_tests() {
     install_wheels
     echo "== pytest" >>"$LOG"
     (cd "$ROOT" && timeout 120 "$PY" -m pytest -q -p no:cacheprovider python/tests) >>"$LOG" 2>&1
-    say "pytest rc=$?: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
+    local prc=$?
+    say "pytest rc=$prc: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
+    [ $prc -ge 128 ] && py_crash_diag
   fi
+}
+
+# A crash of the Python tests: the pybind11 ABI of torch and ddo, a minimal repro and, where
+# cuda-gdb exists, a native backtrace, all into log.txt.
+py_crash_diag() {
+  echo "== python crash diagnosis" >>"$LOG"
+  cat >"$OUT/.repro.py" <<'PYEOF'
+import faulthandler, sys
+faulthandler.enable()
+import torch
+print("torch pybind11:", [getattr(torch._C, n, None) for n in
+      ("_PYBIND11_COMPILER_TYPE", "_PYBIND11_STDLIB", "_PYBIND11_BUILD_ABI")], flush=True)
+import ddo
+print("ddo imported from", ddo.__file__, flush=True)
+for what, call in [("code_of_exception", lambda: ddo._C.code_of_exception("invalid_argument")),
+                   ("config_apply bad value", lambda: ddo._C.config_apply(None, {"pin_cpu_workers": 0})),
+                   ("config_apply unknown", lambda: ddo._C.config_apply(None, {"pin_memory": True}))]:
+    print("try", what, flush=True)
+    try:
+        print("  ->", call(), flush=True)
+    except Exception as e:
+        print("  raised", type(e).__name__, str(e)[:120], flush=True)
+PYEOF
+  timeout 60 "$PY" "$OUT/.repro.py" >>"$LOG" 2>&1
+  echo "repro rc=$?" >>"$LOG"
+  if command -v cuda-gdb >/dev/null 2>&1; then
+    timeout 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" "$OUT/.repro.py" \
+      2>&1 | grep -vE "^\[(New|Thread)" | tail -80 >>"$LOG"
+  fi
+  rm -f "$OUT/.repro.py"
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...
@@ -215,7 +247,8 @@ case "$MODE" in
   py) build && py ;;
   all) build && { run_tests; micro; w1; } ;;
   everything) build && { run_tests; micro; w1; py; } ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
+  diag) build && { run_tests; w1; py; } ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"

@@ -86,7 +86,13 @@ struct Unit {
   std::uint64_t release_seq = 0;
   Event copy_done = nullptr;
   Event release = nullptr;
-  // Timing (time_copies only), read lazily before the events are recorded again.
+  // Timing (time_copies only), read lazily before the events are recorded again. With timing,
+  // copy_start / copy_done alternate between two event pairs so that the copy an acquire
+  // consumed keeps its times (for timeline()) while the next cycle's prefetch records the other.
+  Event copy_starts[2] = {nullptr, nullptr};
+  Event copy_dones[2] = {nullptr, nullptr};
+  int pair = 0;            // the pair of the latest issued copy
+  int consumed_pair = -1;  // the pair of the copy the latest acquire used
   Event copy_start = nullptr;
   Event wait_start = nullptr;
   Event wait_end = nullptr;
@@ -141,6 +147,8 @@ struct CopyScheduler::Impl {
   std::int64_t misses_in_cycle = 0;
   std::int64_t miss_limit = 1;
   int cycles_with_misses = 0;
+
+  Event mark = nullptr;  // timeline reference (time_copies only)
 
   std::int64_t in_flight_bytes = 0;  // units copied for, not yet acquired
   std::int64_t acquired_bytes = 0;
@@ -291,6 +299,9 @@ struct CopyScheduler::Impl {
     if (options.time_copies) {
       harvest_copy_timing(u);
       u.copy_timing_pending = false;  // a sample still running is dropped, never waited for
+      u.pair ^= 1;
+      u.copy_start = u.copy_starts[u.pair];
+      u.copy_done = u.copy_dones[u.pair];
       device.record_event(u.copy_start, stream);
     }
     throw_if_error(device.copy_to_device_async(staging + offset, u.host, u.bytes, stream));
@@ -458,10 +469,13 @@ CopyScheduler::~CopyScheduler() {
       d.deallocate(s.staging);
     }
     for (Unit& u : s.units) {
-      for (Event e : {u.copy_done, u.release, u.copy_start, u.wait_start, u.wait_end}) {
+      const bool paired = u.copy_starts[0] != nullptr;
+      for (Event e : {paired ? nullptr : u.copy_done, u.release, u.wait_start, u.wait_end,
+                      u.copy_starts[0], u.copy_starts[1], u.copy_dones[0], u.copy_dones[1]}) {
         if (e != nullptr) d.destroy_event(e);
       }
     }
+    if (s.mark != nullptr) d.destroy_event(s.mark);
     if (s.copy_stream != kDefaultStream) d.destroy_stream(s.copy_stream);
   } catch (const Error& e) {
     std::fprintf(stderr, "ddo: copy scheduler teardown failed: %s\n", e.what());
@@ -520,14 +534,21 @@ Status CopyScheduler::finalize() {
   s.staging_bytes = staging;
   s.stats.staging_bytes = static_cast<std::int64_t>(staging);
   for (Unit& u : s.units) {
-    u.copy_done = s.device.create_event(/*timing=*/s.options.time_copies);
     u.release = s.device.create_event(/*timing=*/false);
-    if (s.options.time_copies) {
-      u.copy_start = s.device.create_event(true);
+    if (!s.options.time_copies) {
+      u.copy_done = s.device.create_event(/*timing=*/false);
+    } else {
+      for (int k = 0; k < 2; ++k) {
+        u.copy_starts[k] = s.device.create_event(true);
+        u.copy_dones[k] = s.device.create_event(true);
+      }
+      u.copy_start = u.copy_starts[0];
+      u.copy_done = u.copy_dones[0];
       u.wait_start = s.device.create_event(true);
       u.wait_end = s.device.create_event(true);
     }
   }
+  if (s.options.time_copies) s.mark = s.device.create_event(true);
   if (s.options.use_side_stream) s.copy_stream = s.device.create_stream();
   s.ring.assign(2 * s.units.size() + 16, Region{});
   s.max_trace = 4 * s.units.size() + 16;
@@ -564,6 +585,7 @@ void* CopyScheduler::acquire(int id, Stream stream) {
       break;
   }
   u.state = UnitState::kAcquired;
+  u.consumed_pair = u.pair;
   s.ring[u.slot].state = RegionState::kAcquired;
   s.acquired_bytes += static_cast<std::int64_t>(u.bytes);
   if (needs_wait) {
@@ -610,6 +632,30 @@ void CopyScheduler::drain() {
   }
   s.prefetch_seq = s.cursor_seq;
   s.harvest_all();
+}
+
+void CopyScheduler::mark(Stream stream) {
+  Impl& s = *impl_;
+  if (s.mark != nullptr) s.device.record_event(s.mark, stream);
+}
+
+std::vector<UnitTiming> CopyScheduler::timeline() const {
+  Impl& s = *impl_;
+  std::vector<UnitTiming> out;
+  if (s.mark == nullptr || s.learning) return out;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto since_mark = [&](Event e) -> double {
+    if (e == nullptr || !s.device.event_done(e) || !s.device.event_done(s.mark)) return nan;
+    return static_cast<double>(s.device.elapsed_ms(s.mark, e));
+  };
+  for (int id : s.trace) {
+    const Unit& u = s.units[static_cast<std::size_t>(id)];
+    const int k = u.consumed_pair < 0 ? u.pair : u.consumed_pair;
+    out.push_back(UnitTiming{id, static_cast<std::int64_t>(u.bytes), since_mark(u.copy_starts[k]),
+                             since_mark(u.copy_dones[k]), since_mark(u.wait_start),
+                             since_mark(u.wait_end)});
+  }
+  return out;
 }
 
 SchedulerStats CopyScheduler::stats() const {

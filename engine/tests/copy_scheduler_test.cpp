@@ -97,6 +97,30 @@ TEST(CopyScheduler, EveryAcquireIsCorrectAndPrefetchHitsAfterTheFirstPass) {
   EXPECT_GT(st.bytes_copied, 0);
 }
 
+TEST(CopyScheduler, TimelineListsTheTraceTimedAgainstTheMark) {
+  Rig rig(12, 64 << 10, 128 << 10, window(512 << 10));
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  EXPECT_TRUE(rig.scheduler->timeline().empty());  // no trace yet
+  const auto order = rig.identity();
+  ASSERT_EQ(rig.run(order), 0);
+  ASSERT_EQ(rig.run(order), 0);
+  rig.scheduler->mark(kDefaultStream);
+  ASSERT_EQ(rig.run(order), 0);
+  rig.scheduler->drain();
+  const std::vector<UnitTiming> t = rig.scheduler->timeline();
+  ASSERT_EQ(t.size(), order.size());
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(t[i].unit, order[i]);
+    EXPECT_EQ(t[i].bytes, static_cast<std::int64_t>(rig.host[order[i]].size()));
+    EXPECT_GE(t[i].copy_end_ms, t[i].copy_start_ms) << i;
+    EXPECT_GE(t[i].wait_end_ms, t[i].wait_start_ms) << i;
+    // Every acquire of this pass came after the mark.
+    EXPECT_GE(t[i].wait_start_ms, 0.0) << i;
+  }
+  // Acquires follow the trace.
+  for (std::size_t i = 1; i < t.size(); ++i) EXPECT_GE(t[i].wait_start_ms, t[i - 1].wait_end_ms);
+}
+
 TEST(CopyScheduler, StagingAndDeviceStayWithinTheirSizes) {
   Rig rig(30, 32 << 10, 300 << 10, window(600 << 10));
   ASSERT_TRUE(rig.scheduler->finalize().ok());

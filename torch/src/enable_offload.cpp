@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -30,6 +32,7 @@
 #include "ddo/engine/copy_scheduler.h"
 #include "ddo/engine/device.h"
 #include "ddo/engine/host_slab.h"
+#include "intercept_common.h"
 #include "offload_state.h"
 #include "registration.h"
 
@@ -209,6 +212,7 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
   // yet (no CUDA tensor made) would otherwise fail at the first staging allocation.
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   const std::int64_t cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
+  const std::int64_t cap_before = vram_cap_bytes(index);
   if (cap > 0) throw_if_error(apply_vram_cap(index, cap));
   engine::CudaDeviceOptions o;
   o.index = index;
@@ -230,13 +234,26 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
   std::unique_ptr<engine::Device> dev;
   throw_if_error(engine::make_cuda_device(o, &dev));
   if (cap <= 0) return std::shared_ptr<engine::Device>(std::move(dev));
-  // The emulated card lasts as long as the device that asked for it: the last owner (the offload,
-  // or every component of a pipeline) gives the process back the cap it had before.
-  const std::int64_t previous = vram_cap_bytes(index);
-  return std::shared_ptr<engine::Device>(dev.release(), [index, previous](engine::Device* d) {
+  // The emulated card lasts as long as the devices that asked for it: when the last one goes
+  // (the offload, every component of a pipeline), the process gets back the cap it had before
+  // the first. Counted per GPU, since setup may open a device more than once.
+  struct CapHolders {
+    std::mutex mu;
+    std::map<int, std::pair<int, std::int64_t>> by_index;  // index -> (holders, cap before)
+  };
+  static CapHolders* holders = new CapHolders();  // never destroyed: devices may outlive statics
+  {
+    std::lock_guard<std::mutex> lock(holders->mu);
+    auto& [count, before] = holders->by_index[index];
+    if (count++ == 0) before = cap_before;
+  }
+  return std::shared_ptr<engine::Device>(dev.release(), [index](engine::Device* d) {
     delete d;
+    std::lock_guard<std::mutex> lock(holders->mu);
+    auto& [count, before] = holders->by_index[index];
+    if (--count > 0) return;
     try {
-      (void)apply_vram_cap(index, previous);
+      (void)apply_vram_cap(index, before);
     } catch (...) {  // at process exit CUDA may already be gone; nothing is left to restore
     }
   });
@@ -744,6 +761,33 @@ nlohmann::json Offload::profile_report() const {
 void Offload::reset_run_stats() {
   if (state_->runtime) state_->runtime->scheduler->reset_stats();
   if (state_->probe) state_->probe->reset_peak();
+}
+
+void Offload::mark_step() {
+  const internal::OffloadState& s = *state_;
+  if (!s.runtime) return;
+  engine::Stream stream = engine::kDefaultStream;
+  if (s.kind == engine::DeviceKind::kCuda) {
+    if (internal::CurrentStreamFn fn = internal::current_stream_fn(); fn != nullptr) {
+      stream = fn(s.runtime->execution_device.index());
+    }
+  }
+  s.runtime->scheduler->mark(stream);
+}
+
+nlohmann::json Offload::timeline() const {
+  nlohmann::json out = nlohmann::json::array();
+  if (!state_->runtime) return out;
+  auto ms = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+  for (const engine::UnitTiming& t : state_->runtime->scheduler->timeline()) {
+    out.push_back({{"unit", t.unit},
+                   {"bytes", t.bytes},
+                   {"copy_start_ms", ms(t.copy_start_ms)},
+                   {"copy_end_ms", ms(t.copy_end_ms)},
+                   {"wait_start_ms", ms(t.wait_start_ms)},
+                   {"wait_end_ms", ms(t.wait_end_ms)}});
+  }
+  return out;
 }
 
 nlohmann::json Offload::report() const {

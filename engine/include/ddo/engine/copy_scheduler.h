@@ -52,6 +52,18 @@ struct SchedulerStats {
   std::size_t trace_length = 0;
 };
 
+// One streamed unit's last copy and last compute-side wait, in milliseconds after the mark
+// (CopyScheduler::mark); negative where it came before the mark (a copy prefetched during the
+// previous step). NaN where the events have not completed or timing is off.
+struct UnitTiming {
+  int unit = -1;
+  std::int64_t bytes = 0;
+  double copy_start_ms = 0.0;
+  double copy_end_ms = 0.0;
+  double wait_start_ms = 0.0;  // the compute stream reached the acquire
+  double wait_end_ms = 0.0;    // ... and could run the op (the copy had landed)
+};
+
 class CopyScheduler {
  public:
   CopyScheduler(Device& device, const SchedulerOptions& options);
@@ -72,6 +84,12 @@ class CopyScheduler {
 
   // Waits for all copies; drops prefetched data (used at region boundaries and teardown).
   void drain();
+
+  // Diagnostics (time_copies only): records a reference point on `stream`, e.g. where a step
+  // begins; timeline() then returns every unit of the trace in trace order, timed against it.
+  // Call timeline() after the stream is synchronized; it never blocks.
+  void mark(Stream stream);
+  std::vector<UnitTiming> timeline() const;
 
   SchedulerStats stats() const;
   void reset_stats();

@@ -101,6 +101,12 @@ class Offload {
   std::shared_ptr<engine::Device> device() const;
   // Clears the per-run figures (bytes streamed, copy and wait time, peaks).
   void reset_run_stats();
+  // Diagnostics: mark_step() records a reference point on the compute stream (e.g. before a
+  // step); timeline(), after the device is synchronized, lists every streamed unit of the trace
+  // with its last copy and compute-side wait in ms after that point (JSON array of
+  // {unit, bytes, copy_start_ms, copy_end_ms, wait_start_ms, wait_end_ms}; null where unknown).
+  void mark_step();
+  nlohmann::json timeline() const;
 
  private:
   friend std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions&);
