@@ -179,8 +179,8 @@ PYEOF
   timeout 60 "$PY" "$OUT/.repro.py" >>"$LOG" 2>&1
   echo "repro rc=$?" >>"$LOG"
   if command -v cuda-gdb >/dev/null 2>&1; then
-    timeout 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" "$OUT/.repro.py" \
-      2>&1 | grep -vE "^\[(New|Thread)" | tail -80 >>"$LOG"
+    timeout 120 cuda-gdb -batch -ex run -ex "bt 40" -ex "info symbol \$pc" -ex "x/4i \$pc" \
+      --args "$PY" "$OUT/.repro.py" 2>&1 | grep -vE "^\[(New|Thread)" | tail -60 >>"$LOG"
   fi
   rm -f "$OUT/.repro.py"
 }

@@ -283,6 +283,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
 
   double budget = rec.resident_budget_gb;
   report.budget_source = "profile";
+  p.candidate_compute_ms = rec.candidate_compute_ms;
   if (rec.probe_pending) {
     const bool can_probe = p.sdnq && normalized.has_value() && device.is_cuda_like &&
                            config.execution_mode != ExecutionMode::kPlan &&
@@ -346,6 +347,7 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
   if (prepared.region == RegionAction::kCalibrate) {
     rec = recommend_after_calibration(prepared.sdnq, total_gb, peak_gb, headroom_gb,
                                       prepared.max_resident_budget_gb);
+    rec.candidate_compute_ms = result.candidate_compute_ms;
   } else {
     DDO_ASSERT(prepared.probe_budget_gb.has_value(), "a probe region without a probe budget");
     measured_with_gb = *prepared.probe_budget_gb;

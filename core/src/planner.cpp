@@ -31,6 +31,22 @@
 // order. The greedy fill after it skips what does not fit and keeps going, so a budget slightly
 // above k averages still fills with later, smaller candidates.
 //
+// Note [Balanced order]
+// When copies dominate (streamed bytes / link speed near or above compute time), a step is only
+// as fast as the copy stream is busy: it must never idle ahead of compute (its lead is bounded by
+// the staging window) nor fall behind where compute is short. So streamed bytes should follow
+// compute along the step. Index-even spreading does that only when every candidate has the same
+// compute per byte; a FLUX transformer's double blocks do about half the work per byte of its
+// single blocks (half their weights see only the 512 text tokens), so evenly spread residents
+// leave the double blocks copy-bound and the single blocks idling the link (seen on the H200:
+// 28 ms of copy idle per step at a 16 GiB cap). With a measured compute time c_i per candidate
+// (the calibration run times every candidate, all streamed; ProfileRecommendation::
+// candidate_compute_ms) and S = candidate bytes - budget to stream, the candidates are walked in
+// model order and each is streamed when that brings the streamed bytes closer to
+// S * (compute so far, this one included) / (all compute), else kept resident: error diffusion
+// of S along compute. Residents so chosen come first in the order, the streamed ones after, so the
+// greedy fill can still use budget that rounding left over.
+//
 // Note [Auto block pattern]
 // The spec's `auto` takes the one repeated list (`<prefix>.<n>`, >= 2 members with streamable
 // weights) with the most bytes. A FLUX transformer has two (19 double blocks, 38 single blocks);
@@ -643,6 +659,30 @@ void Planner::select_residents() {
   const std::int64_t budget = plan_.resident_budget_bytes;
   std::vector<std::size_t> order =
       selection_order(costs, config_.resident_module_selection, budget);
+  // Note [Balanced order]: measured compute per candidate replaces index-even spreading.
+  bool balanced = false;
+  if (config_.resident_module_selection == Selection::kSpread &&
+      !ctx_.candidate_compute_ms.empty()) {
+    std::vector<double> compute;
+    std::string missing;
+    for (std::size_t m : candidates_) {
+      auto it = ctx_.candidate_compute_ms.find(name_of(m));
+      if (it == ctx_.candidate_compute_ms.end()) {
+        missing = name_of(m);
+        break;
+      }
+      compute.push_back(it->second);
+    }
+    balanced = missing.empty();
+    decide("balanced_order",
+           {{"measured_candidates", ctx_.candidate_compute_ms.size()},
+            {"candidates", candidates_.size()},
+            {"used", balanced}},
+           balanced
+               ? std::string("residents placed by measured compute per candidate")
+               : fmt::format("no measured compute for candidate '{}': spread by index", missing));
+    if (balanced) order = balanced_order(costs, compute, budget);
+  }
   std::vector<std::size_t> chosen = greedy_fill(order, costs, budget);
   std::vector<bool> chosen_flag(n_, false);
   std::vector<std::string> chosen_names;
@@ -665,7 +705,8 @@ void Planner::select_residents() {
     resident_[m] = !skipped_[m] && !always_resident_[m] && flagged_or_ancestor(m, chosen_flag);
   }
   decide("resident_selection",
-         {{"selection", selection_name(config_.resident_module_selection)},
+         {{"selection", balanced ? "spread (balanced by measured compute)"
+                                 : selection_name(config_.resident_module_selection)},
           {"candidates", candidates_.size()},
           {"candidate_bytes", plan_.resident_candidate_bytes},
           {"budget_bytes", budget},
@@ -1127,6 +1168,41 @@ std::vector<std::size_t> selection_order(const std::vector<std::int64_t>& bytes,
     if (!taken[i]) out.push_back(i);
   }
   return out;
+}
+
+std::vector<std::size_t> balanced_order(const std::vector<std::int64_t>& bytes,
+                                        const std::vector<double>& compute_ms,
+                                        std::int64_t budget_bytes) {
+  // Note [Balanced order].
+  const std::size_t n = bytes.size();
+  DDO_CHECK(compute_ms.size() == n, Code::kInvalidArgument, "balanced_order: ", n,
+            " candidates but ", compute_ms.size(), " compute figures");
+  const std::int64_t total = std::accumulate(bytes.begin(), bytes.end(), std::int64_t{0});
+  const double total_ms = std::accumulate(compute_ms.begin(), compute_ms.end(), 0.0);
+  const long double to_stream =
+      static_cast<long double>(std::max<std::int64_t>(0, total - budget_bytes));
+  std::vector<std::size_t> resident, streamed;
+  long double so_far = 0.0L;
+  double ms_so_far = 0.0;
+  std::int64_t bytes_so_far = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ms_so_far += compute_ms[i];
+    bytes_so_far += bytes[i];
+    // Without compute figures, bytes stand in for compute.
+    const long double share = total_ms > 0.0 ? ms_so_far / total_ms
+                              : total > 0    ? static_cast<long double>(bytes_so_far) / total
+                                             : 1.0L;
+    const long double target = to_stream * share;
+    const long double with = so_far + static_cast<long double>(bytes[i]);
+    if (to_stream > 0 && std::abs(with - target) <= std::abs(so_far - target)) {
+      so_far = with;
+      streamed.push_back(i);
+    } else {
+      resident.push_back(i);
+    }
+  }
+  resident.insert(resident.end(), streamed.begin(), streamed.end());
+  return resident;
 }
 
 std::vector<std::size_t> greedy_fill(const std::vector<std::size_t>& order,

@@ -352,6 +352,7 @@ json ProfileRecommendation::to_json() const {
            {"measured_at", measured_at}};
   out["safe_budget_gb"] = safe_budget_gb ? json(*safe_budget_gb) : json(nullptr);
   out["probe_budget_gb"] = probe_budget_gb ? json(*probe_budget_gb) : json(nullptr);
+  if (!candidate_compute_ms.empty()) out["candidate_compute_ms"] = candidate_compute_ms;
   return out;
 }
 
@@ -381,6 +382,16 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
   }
   if (r.probe_pending != (kind == kKindSdnqProbePending)) {
     return data_loss("recommendation.probe_pending disagrees with its measurement kind");
+  }
+  if (auto it = value.find("candidate_compute_ms"); it != value.end() && !it->is_null()) {
+    if (!it->is_object()) return data_loss("recommendation.candidate_compute_ms is not an object");
+    for (const auto& [name, ms] : it->items()) {
+      if (!ms.is_number() || !(ms.get<double>() >= 0.0)) {
+        return data_loss(
+            fmt::format("recommendation.candidate_compute_ms[\"{}\"] is not a number >= 0", name));
+      }
+      r.candidate_compute_ms[name] = ms.get<double>();
+    }
   }
   *out = std::move(r);
   return Status::ok_status();

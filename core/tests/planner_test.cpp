@@ -265,6 +265,63 @@ TEST(PlannerSelection, FirstLargestSpreadOrders) {
   for (std::size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], i);
 }
 
+TEST(PlannerSelection, BalancedOrderStreamsWhereComputeIs) {
+  // Four "double" items of 100 bytes and eight "single" items of 50, one ms each: the singles do
+  // twice the compute per byte. Budget 400 of 800: stream 400 along compute (Note [Balanced
+  // order]): targets 400 * k / 12 after item k.
+  std::vector<std::int64_t> bytes = {100, 100, 100, 100, 50, 50, 50, 50, 50, 50, 50, 50};
+  const std::vector<double> ms(12, 1.0);
+  const std::vector<std::size_t> order = balanced_order(bytes, ms, 400);
+  ASSERT_EQ(order.size(), 12u);
+  EXPECT_EQ(std::vector<std::size_t>(order.begin(), order.begin() + 5),
+            (std::vector<std::size_t>{0, 2, 3, 7, 10}));
+  const std::vector<std::size_t> chosen = greedy_fill(order, bytes, 400);
+  EXPECT_EQ(chosen, (std::vector<std::size_t>{0, 2, 3, 7, 10}));
+  // Three of four doubles stay resident (index-even spreading keeps two): they do the least
+  // work per streamed byte.
+  const std::vector<std::size_t> spread =
+      greedy_fill(selection_order(bytes, Selection::kSpread, 400), bytes, 400);
+  EXPECT_EQ(std::count_if(spread.begin(), spread.end(), [](std::size_t i) { return i < 4; }), 2);
+  // Equal compute per byte: residents and streamed items alternate (ties stream).
+  const std::vector<std::int64_t> equal(8, 10);
+  const std::vector<std::size_t> even = balanced_order(equal, std::vector<double>(8, 2.0), 40);
+  EXPECT_EQ(std::vector<std::size_t>(even.begin(), even.begin() + 4),
+            (std::vector<std::size_t>{1, 3, 5, 7}));
+  // Nothing to stream: all resident in model order; a mismatch in sizes is an error.
+  EXPECT_EQ(balanced_order(equal, std::vector<double>(8, 1.0), 1000)[7], 7u);
+  EXPECT_THROW(balanced_order(equal, {1.0}, 10), Error);
+}
+
+TEST(PlannerSelection, MeasuredComputePlacesResidentsInAPlan) {
+  DynamicOffloadConfig config = linear_config();
+  config.resident_module_patterns = {"auto_all"};
+  config.resident_module_selection = Selection::kSpread;
+  config.resident_module_budget_gb = gb(8 * double_block_bytes(128));
+  PlanContext ctx;
+  // Every double block 1 ms, every single block 3 ms: the singles carry most of the compute.
+  for (int i = 0; i < 19; ++i)
+    ctx.candidate_compute_ms["transformer_blocks." + std::to_string(i)] = 1.0;
+  for (int i = 0; i < 38; ++i) {
+    ctx.candidate_compute_ms["single_transformer_blocks." + std::to_string(i)] = 3.0;
+  }
+  Plan plan = make_plan(flux_inventory(), config, ctx);
+  EXPECT_EQ(decision(plan, "balanced_order").inputs["used"], true);
+  const std::size_t doubles = resident_blocks(plan, "transformer_blocks").size();
+  const std::size_t singles = resident_blocks(plan, "single_transformer_blocks").size();
+  Plan even = make_plan(flux_inventory(), config, {});
+  EXPECT_GT(doubles, resident_blocks(even, "transformer_blocks").size());
+  EXPECT_GT(doubles + singles, 0u);
+  EXPECT_LE(plan.resident_used_bytes, 8 * double_block_bytes(128));
+  // A candidate without a figure: spread by index, and the decision says which one.
+  ctx.candidate_compute_ms.erase("single_transformer_blocks.7");
+  plan = make_plan(flux_inventory(), config, ctx);
+  EXPECT_EQ(decision(plan, "balanced_order").inputs["used"], false);
+  EXPECT_NE(decision(plan, "balanced_order").detail.find("single_transformer_blocks.7"),
+            std::string::npos);
+  EXPECT_EQ(resident_blocks(plan, "transformer_blocks"),
+            resident_blocks(even, "transformer_blocks"));
+}
+
 TEST(PlannerSelection, GreedyFillSkipsWhatDoesNotFitAndKeepsGoing) {
   const std::vector<std::int64_t> bytes = {5, 10, 3, 2};
   EXPECT_EQ(greedy_fill({0, 1, 2, 3}, bytes, 8), (std::vector<std::size_t>{0, 2}));

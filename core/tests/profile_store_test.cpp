@@ -374,3 +374,30 @@ TEST_F(ProfileStoreTest, SaveRejectsAnEmptyIdentity) {
 
 }  // namespace
 }  // namespace ddo::core
+
+namespace ddo::core {
+namespace {
+
+TEST(ProfileRecommendationTest, CandidateComputeRoundTripsAndIsChecked) {
+  ProfileRecommendation r;
+  r.resident_budget_gb = 2.5;
+  r.profile_measurement_kind = "baseline";
+  r.candidate_compute_ms = {{"transformer_blocks.0", 3.25}, {"single_transformer_blocks.1", 2.0}};
+  const nlohmann::json j = r.to_json();
+  ProfileRecommendation back;
+  ASSERT_TRUE(ProfileRecommendation::from_json(j, &back).ok());
+  EXPECT_EQ(back.candidate_compute_ms, r.candidate_compute_ms);
+  // Older profiles have no such field.
+  nlohmann::json old = j;
+  old.erase("candidate_compute_ms");
+  ASSERT_TRUE(ProfileRecommendation::from_json(old, &back).ok());
+  EXPECT_TRUE(back.candidate_compute_ms.empty());
+  nlohmann::json bad = j;
+  bad["candidate_compute_ms"]["transformer_blocks.0"] = -1.0;
+  const Status status = ProfileRecommendation::from_json(bad, &back);
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_NE(status.message().find("transformer_blocks.0"), std::string::npos) << status.message();
+}
+
+}  // namespace
+}  // namespace ddo::core

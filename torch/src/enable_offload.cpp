@@ -419,11 +419,13 @@ void apply_plan(OffloadState& s, int pin_workers) {
     std::vector<std::size_t> offsets;  // byte offsets inside the unit
     std::size_t bytes = 0;
     bool pinned = false;
+    std::size_t module = 0;  // the module of its first tensor
   };
   std::vector<UnitLayout> units;
   std::vector<bool> patched(s.tree.entries.size(), false);
   for (const core::StreamUnit& su : plan.stream_units) {
     UnitLayout u;
+    if (!su.tensors.empty()) u.module = su.tensors.front().module;
     for (const core::TensorRef& ref : su.tensors) {
       const int id = replaced_of[ref.module][ref.tensor];
       if (id < 0 || s.replaced[id].tied_to >= 0) continue;
@@ -484,6 +486,21 @@ void apply_plan(OffloadState& s, int pin_workers) {
     so.use_side_stream = s.settings.side_streams_effective;
     rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
     rt->scheduler = rt->scheduler_owner.get();
+    {
+      // The candidate (block) of each unit: the nearest ancestor-or-self the planner marked.
+      std::map<std::string, bool> candidates;
+      for (const core::ModulePlan& mp : plan.modules) {
+        if (mp.resident_candidate) candidates.emplace(mp.name, true);
+      }
+      for (const UnitLayout& u : units) {
+        std::string name = plan.modules[u.module].name;
+        while (!name.empty() && candidates.count(name) == 0) {
+          const std::size_t dot = name.rfind('.');
+          name = dot == std::string::npos ? std::string() : name.substr(0, dot);
+        }
+        rt->unit_candidate.push_back(name);
+      }
+    }
 
     // Fill and re-point in chunks (Note [Setup order]).
     std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
@@ -698,6 +715,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
     ctx.profile_budget_bytes =
         static_cast<std::int64_t>(*s->prepared.resident_budget_gb * core::kGiB);
   }
+  if (!ctx.calibrating) ctx.candidate_compute_ms = s->prepared.candidate_compute_ms;
   s->plan = core::make_plan(s->inventory, config, ctx);
   s->setup.plan_seconds = internal::seconds_since(t0);
   internal::emit(*s, "plan", s->setup.plan_seconds,
@@ -725,6 +743,37 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   auto offload = std::unique_ptr<Offload>(new Offload(std::move(s)));
   return offload;
 }
+
+namespace internal {
+
+void mark_compute_stream(const OffloadState& s) {
+  if (!s.runtime) return;
+  engine::Stream stream = engine::kDefaultStream;
+  if (s.kind == engine::DeviceKind::kCuda) {
+    if (CurrentStreamFn fn = current_stream_fn(); fn != nullptr) {
+      stream = fn(s.runtime->execution_device.index());
+    }
+  }
+  s.runtime->scheduler->mark(stream);
+}
+
+std::map<std::string, double> measured_candidate_compute(const OffloadState& s) {
+  std::map<std::string, double> out;
+  if (!s.runtime) return out;
+  const std::vector<engine::UnitTiming> t = s.runtime->scheduler->timeline();
+  const std::vector<std::string>& candidate = s.runtime->unit_candidate;
+  for (std::size_t j = 0; j + 1 < t.size(); ++j) {
+    const std::size_t unit = static_cast<std::size_t>(t[j].unit);
+    if (unit >= candidate.size() || candidate[unit].empty()) continue;
+    // From this unit's op being able to run to the next acquire: its op and whatever unmanaged
+    // work (attention, norms) follows it on the compute stream.
+    const double dt = t[j + 1].wait_start_ms - t[j].wait_end_ms;
+    if (std::isfinite(dt) && dt >= 0.0) out[candidate[unit]] += dt;
+  }
+  return out;
+}
+
+}  // namespace internal
 
 // --- Offload -------------------------------------------------------------------------------------
 
@@ -764,15 +813,7 @@ void Offload::reset_run_stats() {
 }
 
 void Offload::mark_step() {
-  const internal::OffloadState& s = *state_;
-  if (!s.runtime) return;
-  engine::Stream stream = engine::kDefaultStream;
-  if (s.kind == engine::DeviceKind::kCuda) {
-    if (internal::CurrentStreamFn fn = internal::current_stream_fn(); fn != nullptr) {
-      stream = fn(s.runtime->execution_device.index());
-    }
-  }
-  s.runtime->scheduler->mark(stream);
+  internal::mark_compute_stream(*state_);
 }
 
 nlohmann::json Offload::timeline() const {

@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -50,6 +52,9 @@ struct StreamRuntime {
   engine::Stream held_stream = engine::kDefaultStream;
   void* held_base = nullptr;
   std::int64_t intercepted_ops = 0;  // COUNT: ops that staged at least one managed weight
+  // Cold: the residency candidate (block) each unit belongs to, "" for none; calibration
+  // attributes measured compute to candidates through it (measured_candidate_compute).
+  std::vector<std::string> unit_candidate;
 
   // Owners, destroyed in reverse order: the scheduler's staging, then the slabs, then the device.
   std::shared_ptr<engine::Device> device;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,5 +100,12 @@ nlohmann::json close_region(RegionState& region, bool normally);
 std::string normalize_device_name(const std::string& device);
 
 double gib(std::int64_t bytes);
+
+// Calibration's compute measurement (Note [Balanced order] in core/src/planner.cpp): a mark on
+// the compute stream where the region starts, and, after the region's final synchronization,
+// the GPU ms each residency candidate took in the last step (from the scheduler's timeline:
+// the compute stream's time from one unit's acquire to the next, all candidates streamed).
+void mark_compute_stream(const OffloadState& s);
+std::map<std::string, double> measured_candidate_compute(const OffloadState& s);
 
 }  // namespace ddo::adapter::internal

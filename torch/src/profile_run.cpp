@@ -30,6 +30,7 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
     if (offload.runtime) offload.runtime->release_held();
     throw_if_error(offload.probe->start_sampling());
     region->measuring = true;
+    if (action == core::RegionAction::kCalibrate) mark_compute_stream(offload);
   }
   offload.region_open = true;
   region->report = offload.profile_report;
@@ -52,6 +53,10 @@ nlohmann::json close_region(RegionState& region, bool normally) {
     in.driver_used_samples_bytes = {m.peak_driver_used_bytes};
     in.allocator_reserved_start_bytes = m.start.allocator_reserved_bytes;
     in.allocator_peak_reserved_bytes = m.allocator_peak_reserved_bytes;
+    // stop_sampling synchronized the device, so the last step's events are complete.
+    if (normally && offload.prepared.region == core::RegionAction::kCalibrate) {
+      result.candidate_compute_ms = measured_candidate_compute(offload);
+    }
   }
   core::ProfileReport report;
   Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);

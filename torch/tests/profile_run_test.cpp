@@ -147,6 +147,14 @@ TEST(ProfileRun, CalibrateSaveReuseAppliesRecommendation) {
     EXPECT_LE(report["peak_vram_gb"].get<double>(), 0.25);
     path = report["path"].get<std::string>();
     EXPECT_TRUE(std::filesystem::exists(path));
+    // The calibration timed every candidate block (all streamed) for the next run's placement.
+    const nlohmann::json saved = nlohmann::json::parse(read_file(path));
+    const nlohmann::json& compute = saved["recommendation"]["candidate_compute_ms"];
+    std::size_t candidates = 0;
+    for (const core::ModulePlan& m : offload->plan().modules) candidates += m.resident_candidate;
+    ASSERT_TRUE(compute.is_object()) << saved.dump(2);
+    EXPECT_EQ(compute.size(), candidates) << compute.dump();
+    for (const auto& [name, ms] : compute.items()) EXPECT_GT(ms.get<double>(), 0.0) << name;
     EXPECT_EQ(offload->profile_report(), report);
   }
   {
@@ -159,6 +167,9 @@ TEST(ProfileRun, CalibrateSaveReuseAppliesRecommendation) {
     EXPECT_EQ(offload->plan().resident_budget_bytes,
               static_cast<int64_t>(recommended * core::kGiB));
     EXPECT_FALSE(offload->plan().resident_module_names().empty()) << offload->summary();
+    const core::Decision* balanced = offload->plan().find_decision("balanced_order");
+    ASSERT_NE(balanced, nullptr) << offload->summary();
+    EXPECT_EQ(balanced->inputs["used"], true) << offload->summary();
     const std::string before = read_file(path);
     ProfileRun run = offload->profile_run();  // a no-op region
     EXPECT_TRUE(at::equal(dit.run(), dit.ref));

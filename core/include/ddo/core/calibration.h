@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -133,6 +134,9 @@ struct PreparedProfile {
   double max_resident_budget_gb = 0.0;
   std::optional<double> probe_budget_gb;  // kProbe only
   std::optional<double> safe_budget_gb;   // kProbe only: the baseline's safe budget, kept
+  // The saved profile's measured compute per candidate, when its recommendation is applied
+  // (PlanContext::candidate_compute_ms).
+  std::map<std::string, double> candidate_compute_ms;
   ProfileReport report;
 };
 
@@ -146,6 +150,9 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
 struct RegionResult {
   bool exited_normally = false;  // false: the region threw; nothing is saved
   MeasurementInputs inputs;
+  // GPU ms per step of each residency candidate, measured by the host in a calibration region
+  // (every candidate streamed); saved with the recommendation for the next run's placement.
+  std::map<std::string, double> candidate_compute_ms;
 };
 
 // Completes the region: for kCalibrate and kProbe regions that exited normally, computes and

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -54,6 +55,10 @@ struct PlanContext {
   // Make every repeated block list a residency candidate, as the "auto_all" pattern token does.
   // Stands in for a config field until one exists.
   bool all_block_lists = false;
+  // Measured GPU ms per step of residency candidates, by module name (a profile's
+  // candidate_compute_ms). With `spread` selection and a figure for every candidate, residents
+  // are placed by Note [Balanced order] instead of evenly by index.
+  std::map<std::string, double> candidate_compute_ms;
 };
 
 enum class Placement {
@@ -159,6 +164,12 @@ Plan make_plan(const ModelInventory& inventory, const DynamicOffloadConfig& conf
 // (Note [Spread order]); exposed for tests and the engine's own re-planning.
 std::vector<std::size_t> selection_order(const std::vector<std::int64_t>& bytes,
                                          Selection selection, std::int64_t budget_bytes);
+
+// Note [Balanced order]: residents first, chosen so that the streamed bytes follow
+// `compute_ms` (one figure per item, model order); then the streamed items.
+std::vector<std::size_t> balanced_order(const std::vector<std::int64_t>& bytes,
+                                        const std::vector<double>& compute_ms,
+                                        std::int64_t budget_bytes);
 
 // Greedy fill over `order`: takes each item that still fits and keeps going past those that do
 // not. Returns the chosen indices in `order` order.

@@ -163,6 +163,11 @@ struct ProfileRecommendation {
   std::optional<double> probe_budget_gb;
   bool probe_pending = false;
   std::string measured_at;
+  // GPU milliseconds per step spent in each residency candidate (a block), measured in the
+  // calibration run where every candidate streams. The next run's planner uses it to place
+  // residents so that streamed bytes follow compute along the step (Note [Balanced order] in
+  // planner.cpp). Empty when not measured (older profiles, devices without timing).
+  std::map<std::string, double> candidate_compute_ms;
 
   nlohmann::json to_json() const;
   static Status from_json(const nlohmann::json& json, ProfileRecommendation* out);
