@@ -108,6 +108,16 @@ if [ -z "${CXX:-}" ]; then
     if [ -x "$c" ]; then export CXX="$c" CUDAHOSTCXX="$c"; break; fi
   done
 fi
+if [ -z "${CXX:-}" ]; then
+  # No distribution g++: the image's g++ is a wrapper around g++-real; use the real driver.
+  gxx=$(command -v g++ || true)
+  if [ -n "$gxx" ] && [ "$(head -c2 "$gxx" 2>/dev/null)" = "#!" ]; then
+    { echo "== $gxx is a script:"; head -40 "$gxx"; } >>"$LOG"
+    real=$(command -v g++-real || true)
+    [ -z "$real" ] && [ -x "$(dirname "$gxx")/g++-real" ] && real="$(dirname "$gxx")/g++-real"
+    [ -n "$real" ] && export CXX="$real" CUDAHOSTCXX="$real"
+  fi
+fi
 say "C++ compiler: ${CXX:-$(command -v c++)} ($(${CXX:-c++} --version | head -1))"
 
 # The ddo Python package (ddo._C) is built in the same tree when the interpreter has its headers.
@@ -133,8 +143,8 @@ build() {
   fi
   say "build ok"
   local lib="$BUILD/torch/libddo_torch.so"
-  if [ -f "$lib" ] && nm -DC --defined-only "$lib" 2>/dev/null | grep -q "_M_insert<long>"; then
-    say "WARNING: libddo_torch.so holds a static copy of libstdc++ (compiler ${CXX:-c++}); the Python package will crash; set CXX to a compiler that links libstdc++.so"
+  if [ -f "$lib" ] && ! ldd "$lib" 2>/dev/null | grep -q "libstdc++"; then
+    say "WARNING: libddo_torch.so does not load libstdc++.so (linked statically by ${CXX:-c++}?); the Python package will crash; set CXX to a compiler that links libstdc++.so"
   fi
 }
 
