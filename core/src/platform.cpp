@@ -2,19 +2,31 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
-#include <fstream>
-#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace ddo::core {
 namespace {
 
+// POSIX reads, not <fstream>: see Note [No iostreams] in ddo/core/status.h.
 std::string read_file(const char* path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 bool contains_ignore_case(std::string_view haystack, std::string_view needle) {

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -905,12 +904,12 @@ nlohmann::json Offload::report() const {
 std::string Offload::summary() const {
   const OffloadState& s = *state_;
   const nlohmann::json r = report();
-  std::ostringstream out;
-  out << fmt::format(
+  std::string out;  // no iostreams: Note [No iostreams] in ddo/core/status.h
+  out += fmt::format(
       "ddo offload of {} on {} (preset {}, {}, route {}){}\n", s.model_class, s.device_name,
       s.settings.effective_preset, core::to_string(s.settings.config.execution_mode),
       core::to_string(s.settings.config.route), s.executing ? "" : " -- plan only, nothing moved");
-  out << fmt::format(
+  out += fmt::format(
       "  setup {:.2f} s (plan {:.2f}, pin {:.2f}, moves {:.2f}); resident {:.2f} GiB in {} "
       "modules, move-once {:.2f} GiB, streamed {:.2f} GiB in {} units, pinned {:.2f} GiB, "
       "staging {:.2f} GiB\n",
@@ -920,7 +919,7 @@ std::string Offload::summary() const {
       gib(s.setup.staging_bytes));
   const nlohmann::json& run = r["run"];
   if (run.contains("bytes_streamed")) {
-    out << fmt::format(
+    out += fmt::format(
         "  run: {} intercepted ops, streamed {:.3f} GiB, copy {:.1f} ms, compute waited {:.1f} ms, "
         "{:.1f} GB/s, {} prefetch hits, {} on demand, {} order misses\n",
         run["intercepted_ops"].get<std::int64_t>(), gib(run["bytes_streamed"].get<std::int64_t>()),
@@ -929,20 +928,21 @@ std::string Offload::summary() const {
         run["on_demand"].get<std::int64_t>(), run["order_misses"].get<std::int64_t>());
   }
   if (run.contains("peak_vram_gb")) {
-    out << fmt::format("  memory: peak {:.2f} GiB of {:.2f} GiB\n",
-                       run["peak_vram_gb"].get<double>(),
-                       gib(run["total_vram_bytes"].get<std::int64_t>()));
+    out +=
+        fmt::format("  memory: peak {:.2f} GiB of {:.2f} GiB\n", run["peak_vram_gb"].get<double>(),
+                    gib(run["total_vram_bytes"].get<std::int64_t>()));
   }
   const nlohmann::json& p = s.profile_report;
   if (p.contains("status")) {
-    out << "  profile: " << p.value("name", std::string()) << " " << p["status"].get<std::string>();
+    out += fmt::format("  profile: {} {}", p.value("name", std::string()),
+                       p["status"].get<std::string>());
     if (p.contains("resident_budget_gb") && !p["resident_budget_gb"].is_null()) {
-      out << fmt::format(", resident budget {:.2f} GiB", p["resident_budget_gb"].get<double>());
+      out += fmt::format(", resident budget {:.2f} GiB", p["resident_budget_gb"].get<double>());
     }
-    out << "\n";
+    out += "\n";
   }
-  out << s.plan.summary();
-  return out.str();
+  out += s.plan.summary();
+  return out;
 }
 
 }  // namespace ddo::adapter

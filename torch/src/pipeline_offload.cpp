@@ -1,5 +1,4 @@
 // enable_pipeline_offload: one settings object over the components of a pipeline.
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -138,12 +137,12 @@ nlohmann::json PipelineOffload::report() const {
 }
 
 std::string PipelineOffload::summary() const {
-  std::ostringstream out;
+  std::string out;  // no iostreams: Note [No iostreams] in ddo/core/status.h
   for (const auto& c : components_) {
-    out << fmt::format("[{}] route {}\n", c.name, core::to_string(c.route));
-    if (c.offload) out << c.offload->summary();
+    out += fmt::format("[{}] route {}\n", c.name, core::to_string(c.route));
+    if (c.offload) out += c.offload->summary();
   }
-  return out.str();
+  return out;
 }
 
 }  // namespace ddo::adapter

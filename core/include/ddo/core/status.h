@@ -10,9 +10,12 @@
 //             "profile_vram_headroom_gb=", headroom_gb, " is negative; use a value >= 0");
 #pragma once
 
-#include <sstream>
+#include <charconv>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace ddo {
@@ -62,11 +65,63 @@ class Error : public std::runtime_error {
 };
 
 namespace internal {
+
+// Note [No iostreams]
+// ~~~~~~~~~~~~~~~~~~~
+// Messages are built without <sstream>: on the GPU machine's toolchain, an ostream insertion
+// compiled into libddo_torch.so used its own copy of a locale facet id inside Python (whose
+// libstdc++ was loaded and initialised by torch first) and crashed on the first number it formatted
+// (bench/results/2026-12-03-h200-python-crash/). Appending with std::to_chars needs no locale and
+// reads the same as the stream did: integers in decimal, floating point as printf's %g (six
+// significant digits), bool as 1 / 0, characters as themselves, pointers in hex.
+inline void str_append(std::string& out, std::string_view s) {
+  out.append(s);
+}
+inline void str_append(std::string& out, const char* s) {
+  out.append(s != nullptr ? s : "(null)");
+}
+inline void str_append(std::string& out, char c) {
+  out.push_back(c);
+}
+inline void str_append(std::string& out, bool b) {
+  out.push_back(b ? '1' : '0');
+}
+inline void str_append(std::string& out, const void* p) {
+  char buf[2 + 2 * sizeof(void*)] = {'0', 'x'};
+  auto [end, ec] =
+      std::to_chars(buf + 2, buf + sizeof(buf), reinterpret_cast<std::uintptr_t>(p), 16);
+  out.append(buf, static_cast<std::size_t>(end - buf));
+}
+template <typename T>
+requires(std::is_integral_v<T> && !std::is_same_v<T, bool> &&
+         !std::is_same_v<T, char>) void str_append(std::string& out, T value) {
+  if constexpr (std::is_same_v<T, signed char> || std::is_same_v<T, unsigned char>) {
+    out.push_back(static_cast<char>(value));  // as a stream prints them
+  } else {
+    char buf[24];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+    out.append(buf, static_cast<std::size_t>(end - buf));
+  }
+}
+template <typename T>
+requires std::is_floating_point_v<T>
+void str_append(std::string& out, T value) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::general, 6);
+  out.append(buf, static_cast<std::size_t>(end - buf));
+}
+template <typename T>
+requires std::is_enum_v<T>
+void str_append(std::string& out, T value) {
+  str_append(out, static_cast<std::underlying_type_t<T>>(value));
+}
+
+// Concatenates its arguments into one message. See Note [No iostreams].
 template <typename... Args>
 std::string str_cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
+  std::string out;
+  (str_append(out, args), ...);
+  return out;
 }
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 }  // namespace internal
