@@ -143,6 +143,10 @@ build() {
   fi
   say "build ok"
   local lib="$BUILD/torch/libddo_torch.so"
+  if [ -f "$lib" ] && command -v nm >/dev/null 2>&1; then
+    # iostream internals compiled into the library (see Note [No iostreams] in status.h).
+    say "iostream symbols defined in libddo_torch.so: $(nm -C --defined-only "$lib" | grep -cE '_M_insert<|num_put<.*>::id|basic_ostream<')"
+  fi
   if [ -f "$lib" ] && ! ldd "$lib" 2>/dev/null | grep -q "libstdc++"; then
     say "WARNING: libddo_torch.so does not load libstdc++.so (linked statically by ${CXX:-c++}?); the Python package will crash; set CXX to a compiler that links libstdc++.so"
   fi
