@@ -10,6 +10,10 @@
 //   ddo::bench::write_json(args.get("out", ""), doc);
 #pragma once
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -108,7 +112,12 @@ inline std::int64_t proc_status_bytes(const std::string& field) {
 
 // Resets VmHWM to the current RSS (Linux: "5" in /proc/self/clear_refs), so each benchmark row
 // reports its own host peak. Returns false where the kernel refuses.
+// Resets VmHWM to the current RSS. Heap pages that earlier work freed are handed back first
+// (malloc_trim), so a row's peak does not start from the previous rows' garbage.
 inline bool reset_peak_rss() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
   std::ofstream out("/proc/self/clear_refs");
   if (!out) return false;
   out << "5";
