@@ -98,11 +98,11 @@ fi
 # TORCH_CUDA_ARCH_LIST: torch's CMake otherwise compiles a GPU probe with the project's C++20
 # setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-# The compiler. The GPU image's default g++ (/opt/gcc, GCC 13.3) links parts of libstdc++
-# statically into shared libraries: fine in ddo's own executables, but inside Python the static
-# iostream copy in libddo_torch.so is never initialised and the first ostringstream crashes
-# (seen on the H200: a segfault in std::ostream::_M_insert<long> under ddo::core::validate_config).
-# The distribution's g++ links the shared libstdc++ that torch uses too.
+# The compiler. Built with the GPU image's g++ (/opt/gcc, GCC 13.3), libddo_torch.so held its own
+# instantiation of std::ostream::_M_insert<long>, whose facet lookup went wrong inside Python (a
+# segfault on the first number formatted; bench/results/2026-12-03-h200-python-crash/). ddo's code
+# no longer uses iostreams (Note [No iostreams] in core/include/ddo/core/status.h); a distribution
+# g++, where the image has one, is still preferred, and the build reports what it finds.
 if [ -z "${CXX:-}" ]; then
   for c in /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-14 /usr/bin/g++-12; do
     if [ -x "$c" ]; then export CXX="$c" CUDAHOSTCXX="$c"; break; fi
