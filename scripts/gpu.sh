@@ -17,7 +17,8 @@
 # DDO_GPU_JOBS (16), DDO_W1_SIZE (full), DDO_W1_CAPS (8,12,16,24,0), DDO_W1_STEPS (5),
 # DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release),
 # DDO_GPU_BUILD (build folder, build-gpu), DDO_SKIP_BUILD=1 (use the build folder as it is),
-# DDO_FORCE_DEPS=1 (take every dependency from .deps, to test the carried copies).
+# DDO_FORCE_DEPS=1 (take every dependency from .deps, to test the carried copies), DDO_CMAKE_ARGS
+# (more configure flags, e.g. linker flags to try against the toolchain issue noted below).
 #
 # The GPU machine reaches no registry: nlohmann-json, CLI11, fmt, GoogleTest and OpenSSL headers
 # come from .deps/ when the machine lacks them (scripts/gpu-prepare-deps.sh says what and why).
@@ -134,6 +135,7 @@ build() {
     timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
       -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" "${PYBUILD[@]}" \
       -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
+      ${DDO_CMAKE_ARGS:-} \
       >>"$LOG" 2>&1 || { say "FAIL: configure (log.txt)"; tail -30 "$LOG"; return 1; }
   fi
   timeout "${DDO_BUILD_TIMEOUT:-330}" cmake --build "$BUILD" -j "$JOBS" >>"$LOG" 2>&1
