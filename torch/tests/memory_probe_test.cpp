@@ -12,6 +12,7 @@
 
 #include "ddo/core/calibration.h"
 #include "ddo/engine/device.h"
+#include "test_util.h"
 
 #if DDO_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -157,15 +158,6 @@ TEST(MeasurementRule, AllocatorTermCatchesPeaksBetweenSamples) {
   EXPECT_EQ(m.initial_non_allocator_bytes, 500 * kMiB);
   EXPECT_EQ(m.peak_bytes, 3500 * kMiB);
 }
-
-#if DDO_HAVE_CUDA
-#define DDO_SKIP_WITHOUT_GPU()                                         \
-  do {                                                                 \
-    if (!cuda_memory_probe_available()) GTEST_SKIP() << "no CUDA GPU"; \
-  } while (0)
-#else
-#define DDO_SKIP_WITHOUT_GPU() GTEST_SKIP() << "no CUDA GPU (built without CUDA)"
-#endif
 
 TEST(CudaMemoryProbe, SeesAllocatorAndDriver) {
   DDO_SKIP_WITHOUT_GPU();

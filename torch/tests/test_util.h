@@ -15,11 +15,25 @@
 #include <string>
 
 #include <ATen/record_function.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
 
 #include "ddo/core/platform.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
+#include "ddo/torch/memory_probe.h"
+
+// Skips a test that needs a GPU, saying so ("no CUDA GPU": scripts/gpu.sh counts these).
+#if DDO_HAVE_CUDA
+#define DDO_SKIP_WITHOUT_GPU()                          \
+  do {                                                  \
+    if (!::ddo::adapter::cuda_memory_probe_available()) \
+      GTEST_SKIP() << "no CUDA GPU: GPU test skipped";  \
+  } while (0)
+#else
+#define DDO_SKIP_WITHOUT_GPU() GTEST_SKIP() << "no CUDA GPU (built without CUDA): GPU test skipped"
+#endif
 
 namespace ddo::adapter::test {
 
@@ -191,5 +205,19 @@ class ManagedReadGuard {
   }
   at::CallbackHandle handle_;
 };
+
+// enable_offload with pinning refused and fallback off fails with kResourceExhausted and leaves
+// the model as it was: no interception, no managed weight.
+inline void expect_pin_refusal_leaves_model_alone(torch::nn::Module& model,
+                                                  const OffloadOptions& options) {
+  try {
+    enable_offload(model, options);
+    ADD_FAILURE() << "pinning failure with fallback off must be an error";
+  } catch (const ddo::Error& e) {
+    EXPECT_EQ(e.code(), Code::kResourceExhausted) << e.what();
+  }
+  EXPECT_FALSE(interception_active());
+  for (const auto& p : model.parameters()) EXPECT_FALSE(is_managed(p));
+}
 
 }  // namespace ddo::adapter::test
