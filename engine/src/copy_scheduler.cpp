@@ -84,16 +84,17 @@ struct Unit {
   std::size_t slot = 0;    // ring slot while state != kIdle
   std::size_t offset = 0;  // staging offset while state != kIdle
   std::uint64_t release_seq = 0;
-  Event copy_done = nullptr;
   Event release = nullptr;
-  // Timing (time_copies only), read lazily before the events are recorded again. With timing,
-  // copy_start / copy_done alternate between two event pairs so that the copy an acquire
-  // consumed keeps its times (for timeline()) while the next cycle's prefetch records the other.
+  // copy_dones[pair] completes when the latest copy has landed (the event acquires wait on).
+  // With time_copies, copies alternate between two (start, done) timing pairs, so that the copy
+  // an acquire consumed keeps its times (for timeline()) while the next cycle's prefetch records
+  // the other; without, pair stays 0 and copy_starts are null. Timing events are read lazily,
+  // before they are recorded again.
   Event copy_starts[2] = {nullptr, nullptr};
   Event copy_dones[2] = {nullptr, nullptr};
   int pair = 0;            // the pair of the latest issued copy
   int consumed_pair = -1;  // the pair of the copy the latest acquire used
-  Event copy_start = nullptr;
+  Event copy_done() const { return copy_dones[pair]; }
   Event wait_start = nullptr;
   Event wait_end = nullptr;
   bool copy_timing_pending = false;
@@ -249,8 +250,8 @@ struct CopyScheduler::Impl {
 
   // --- copies ---------------------------------------------------------------------------------
   void harvest_copy_timing(Unit& u) {
-    if (!u.copy_timing_pending || !device.event_done(u.copy_done)) return;
-    const float ms = device.elapsed_ms(u.copy_start, u.copy_done);
+    if (!u.copy_timing_pending || !device.event_done(u.copy_done())) return;
+    const float ms = device.elapsed_ms(u.copy_starts[u.pair], u.copy_done());
     if (ms >= 0.0f) stats.copy_ms += ms;
     u.copy_timing_pending = false;
   }
@@ -300,12 +301,10 @@ struct CopyScheduler::Impl {
       harvest_copy_timing(u);
       u.copy_timing_pending = false;  // a sample still running is dropped, never waited for
       u.pair ^= 1;
-      u.copy_start = u.copy_starts[u.pair];
-      u.copy_done = u.copy_dones[u.pair];
-      device.record_event(u.copy_start, stream);
+      device.record_event(u.copy_starts[u.pair], stream);
     }
     throw_if_error(device.copy_to_device_async(staging + offset, u.host, u.bytes, stream));
-    device.record_event(u.copy_done, stream);
+    device.record_event(u.copy_done(), stream);
     u.copy_timing_pending = options.time_copies;
     stats.bytes_copied += static_cast<std::int64_t>(u.bytes);
     update_peak();
@@ -469,9 +468,8 @@ CopyScheduler::~CopyScheduler() {
       d.deallocate(s.staging);
     }
     for (Unit& u : s.units) {
-      const bool paired = u.copy_starts[0] != nullptr;
-      for (Event e : {paired ? nullptr : u.copy_done, u.release, u.wait_start, u.wait_end,
-                      u.copy_starts[0], u.copy_starts[1], u.copy_dones[0], u.copy_dones[1]}) {
+      for (Event e : {u.release, u.wait_start, u.wait_end, u.copy_starts[0], u.copy_starts[1],
+                      u.copy_dones[0], u.copy_dones[1]}) {
         if (e != nullptr) d.destroy_event(e);
       }
     }
@@ -536,14 +534,12 @@ Status CopyScheduler::finalize() {
   for (Unit& u : s.units) {
     u.release = s.device.create_event(/*timing=*/false);
     if (!s.options.time_copies) {
-      u.copy_done = s.device.create_event(/*timing=*/false);
+      u.copy_dones[0] = s.device.create_event(/*timing=*/false);
     } else {
       for (int k = 0; k < 2; ++k) {
         u.copy_starts[k] = s.device.create_event(true);
         u.copy_dones[k] = s.device.create_event(true);
       }
-      u.copy_start = u.copy_starts[0];
-      u.copy_done = u.copy_dones[0];
       u.wait_start = s.device.create_event(true);
       u.wait_end = s.device.create_event(true);
     }
@@ -592,11 +588,11 @@ void* CopyScheduler::acquire(int id, Stream stream) {
     if (s.options.time_copies) {
       s.harvest_wait_timing(u);
       s.device.record_event(u.wait_start, stream);
-      s.device.stream_wait_event(stream, u.copy_done);
+      s.device.stream_wait_event(stream, u.copy_done());
       s.device.record_event(u.wait_end, stream);
       u.wait_timing_pending = true;
     } else {
-      s.device.stream_wait_event(stream, u.copy_done);
+      s.device.stream_wait_event(stream, u.copy_done());
     }
   }
   s.prefetch();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -487,9 +488,9 @@ void apply_plan(OffloadState& s, int pin_workers) {
     rt->scheduler = rt->scheduler_owner.get();
     {
       // The candidate (block) of each unit: the nearest ancestor-or-self the planner marked.
-      std::map<std::string, bool> candidates;
+      std::set<std::string> candidates;
       for (const core::ModulePlan& mp : plan.modules) {
-        if (mp.resident_candidate) candidates.emplace(mp.name, true);
+        if (mp.resident_candidate) candidates.insert(mp.name);
       }
       for (const UnitLayout& u : units) {
         std::string name = plan.modules[u.module].name;
