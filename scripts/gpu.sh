@@ -121,6 +121,54 @@ if [ -z "${CXX:-}" ]; then
 fi
 say "C++ compiler: ${CXX:-$(command -v c++)} ($(${CXX:-c++} --version | head -1))"
 
+# libstdc++ must be the process's one shared copy. The image's g++ linked a static copy into
+# libddo_torch.so (iostream and locale code defined in the library); inside Python, next to torch's
+# shared libstdc++.so.6, that copy crashed on its first formatted number
+# (bench/results/2026-12-03-h200-python-crash/). Probe: link a small shared library that formats a
+# number; if it defines std::locale::classic() itself, libstdc++ went in statically, and the
+# shared libraries are linked against the libstdc++.so.6 torch loads instead, by the first way
+# that gives a probe with no copy and no unresolved symbol.
+STDLIB=()
+probe_stdlib() {  # probe_stdlib OUTPUT FLAGS...: 0 when OUTPUT links and holds no libstdc++ copy
+  local so=$1
+  shift
+  "${CXX:-c++}" -shared -fPIC -O1 "$PROBE/p.cpp" -o "$so" -Wl,-z,defs "$@" >>"$LOG" 2>&1 || return 2
+  ! nm --defined-only "$so" 2>/dev/null | grep -q '_ZNSt6locale7classicEv'
+}
+PROBE="$OUT/.probe"
+mkdir -p "$PROBE"
+printf '%s\n' '#include <sstream>' '#include <string>' \
+  'std::string ddo_probe(long v) { std::ostringstream s; s << v; return s.str(); }' >"$PROBE/p.cpp"
+{
+  echo "== libstdc++ probe"
+  echo "libstdc++.so: $(${CXX:-c++} -print-file-name=libstdc++.so)  libstdc++.a: $(${CXX:-c++} -print-file-name=libstdc++.a)"
+  ${CXX:-c++} -dumpspecs 2>/dev/null | grep -n -B1 -A1 -iE 'static-libstdc|lstdc' | head -20
+} >>"$LOG"
+if probe_stdlib "$PROBE/default.so"; then
+  say "libstdc++: linked shared by default"
+else
+  SYS_STDCXX=$(ldd "$(dirname "$TORCH_PREFIX")/../lib/libc10.so" 2>/dev/null | awk '/libstdc\+\+/ {print $3}')
+  [ -f "${SYS_STDCXX:-}" ] || SYS_STDCXX=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+  say "libstdc++: the default link holds a static copy; torch loads ${SYS_STDCXX:-nothing found}"
+  mkdir -p "$PROBE/lib"
+  ln -sf "$SYS_STDCXX" "$PROBE/lib/libstdc++.so"
+  if probe_stdlib "$PROBE/a.so" "-L$PROBE/lib"; then
+    mkdir -p "$BUILD/stdlib" && ln -sf "$SYS_STDCXX" "$BUILD/stdlib/libstdc++.so"
+    STDLIB=("-L$BUILD/stdlib")
+  elif probe_stdlib "$PROBE/b.so" -nostdlib++ "$SYS_STDCXX"; then
+    STDLIB=(-nostdlib++ "$SYS_STDCXX")
+  elif probe_stdlib "$PROBE/c.so" -nodefaultlibs "$SYS_STDCXX" -lm -lc -lgcc_s -lgcc; then
+    STDLIB=(-nodefaultlibs "$SYS_STDCXX" -lm -lc -lgcc_s -lgcc)
+  fi
+  if [ ${#STDLIB[@]} -gt 0 ]; then
+    say "libstdc++: shared libraries link with: ${STDLIB[*]}"
+    EXTRA+=("-DCMAKE_SHARED_LINKER_FLAGS=${STDLIB[*]}" "-DCMAKE_MODULE_LINKER_FLAGS=${STDLIB[*]}")
+  else
+    say "WARNING: no way found to link the shared libstdc++; the Python package may crash (log.txt)"
+  fi
+fi
+rm -rf "$PROBE"
+
 # The ddo Python package (ddo._C) is built in the same tree when the interpreter has its headers.
 PYBUILD=()
 if "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
@@ -131,7 +179,8 @@ fi
 build() {
   if [ "${DDO_SKIP_BUILD:-0}" = 1 ]; then say "build skipped (DDO_SKIP_BUILD=1): using $BUILD"; return 0; fi
   echo "== build" >>"$LOG"
-  if [ ! -f "$BUILD/build.ninja" ]; then
+  # Configured every time: a build folder kept from an earlier call gets this call's flags.
+  if true; then
     timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
       -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" "${PYBUILD[@]}" \
       -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
