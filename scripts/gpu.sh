@@ -273,6 +273,56 @@ PYEOF
   rm -f "$OUT/.repro.py"
 }
 
+# Why the library crashes inside Python and not in executables: how libddo_torch.so was linked,
+# which of its definitions are libstdc++'s and from which input, the compiler's libstdc++ macros,
+# and a native backtrace of the first failing Python test. Then, when .prebuilt/ holds a
+# libddo_torch.so built elsewhere (scripts/prebuild-torch-lib.sh), the same tests on that one.
+link_diag() {
+  local lib="$BUILD/torch/libddo_torch.so" cmd syms s
+  {
+    echo "== link diagnosis"
+    echo '#include <string>' | "${CXX:-c++}" -std=c++20 -dM -E -x c++ - 2>&1 |
+      grep -E "EXTERN_TEMPLATE|_GLIBCXX_RELEASE |__GLIBCXX__ |USE_CXX11_ABI|_GLIBCXX_INLINE_VERSION"
+    cmd=$(cd "$BUILD" && ninja -t commands torch/libddo_torch.so | tail -1)
+    echo "link: $cmd" | sed -E 's/ [^ ]+\.o / /g'
+    readelf -d "$lib" | grep -E "NEEDED|FLAGS|SYMBOLIC|RUNPATH"
+    echo "-- libstdc++-looking definitions (nm: lower case = local, u = unique, W/V = weak)"
+    nm -C --defined-only "$lib" | grep -E "std::locale|codecvt|num_put|_M_insert|ios_base" | head -30
+    syms=$(nm --defined-only "$lib" | awk '$3 ~ /(locale|codecvt|num_put|_M_insert)/ {print $3}' | head -6)
+    echo "-- which inputs define them"
+    s=""
+    for x in $syms; do s="$s -Wl,-y,$x"; done
+    if [ -n "$s" ]; then
+      (cd "$BUILD" && eval "$(echo "$cmd" | sed -E "s# -o torch/libddo_torch.so # -o $OUT/.relink.so $s #")") 2>&1 |
+        head -30
+      rm -f "$OUT/.relink.so"
+    fi
+    echo "-- _C module"
+    nm -C --defined-only "$BUILD"/python/ddo/_C*.so | grep -cE "std::locale|codecvt|num_put|_M_insert"
+  } >>"$LOG" 2>&1
+  if command -v cuda-gdb >/dev/null 2>&1; then
+    echo "== native backtrace of the first failing Python test" >>"$LOG"
+    (cd "$ROOT" && timeout 200 cuda-gdb -batch -ex run -ex "bt 30" -ex "info sharedlibrary libddo" \
+      --args "$PY" -m pytest -x -q -p no:cacheprovider python/tests 2>&1) |
+      grep -vE "^\[(New|Thread|Detaching)|^[.]+$" | tail -60 >>"$LOG"
+  fi
+}
+
+# Swaps in .prebuilt/libddo_torch.so (built on another machine from the same sources) and runs
+# pytest on it; the build's own library is kept as libddo_torch.so.built.
+use_prebuilt() {
+  local lib="$BUILD/torch/libddo_torch.so"
+  if [ ! -f "$ROOT/.prebuilt/libddo_torch.so" ]; then say "no .prebuilt/libddo_torch.so"; return 1; fi
+  cp -f "$lib" "$lib.built"
+  cp -f "$ROOT/.prebuilt/libddo_torch.so" "$lib"
+  export LD_LIBRARY_PATH="$ROOT/.prebuilt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  say "using .prebuilt/libddo_torch.so ($(cat "$ROOT/.prebuilt/ORIGIN" 2>/dev/null))"
+  install_wheels
+  echo "== pytest (prebuilt library)" >>"$LOG"
+  (cd "$ROOT" && timeout 150 "$PY" -m pytest -q -p no:cacheprovider python/tests) >>"$LOG" 2>&1
+  say "pytest (prebuilt) rc=$?: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
+}
+
 bench() {  # bench NAME TIMEOUT ARGS...
   local name=$1 limit=$2
   shift 2
@@ -337,7 +387,8 @@ case "$MODE" in
   everything) build && { run_tests; micro; w1; py; } ;;
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
+  pydiag) build && { link_diag; use_prebuilt && py; } ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"
