@@ -133,7 +133,10 @@ probe_stdlib() {  # probe_stdlib OUTPUT FLAGS...: 0 when OUTPUT links and holds 
   local so=$1
   shift
   "${CXX:-c++}" -shared -fPIC -O1 "$PROBE/p.cpp" -o "$so" -Wl,-z,defs "$@" >>"$LOG" 2>&1 || return 2
-  ! nm --defined-only "$so" 2>/dev/null | grep -q '_ZNSt6locale7classicEv'
+  # Files, not pipes into grep -q: under pipefail an early grep exit fails the producer.
+  readelf -d "$so" >"$so.dyn" 2>&1
+  nm --defined-only "$so" >"$so.nm" 2>&1
+  grep -q 'NEEDED.*libstdc++' "$so.dyn" && ! grep -qE '_ZNSt6locale7classicEv|num_put' "$so.nm"
 }
 PROBE="$OUT/.probe"
 mkdir -p "$PROBE"
@@ -162,7 +165,8 @@ else
   fi
   if [ ${#STDLIB[@]} -gt 0 ]; then
     say "libstdc++: shared libraries link with: ${STDLIB[*]}"
-    EXTRA+=("-DCMAKE_SHARED_LINKER_FLAGS=${STDLIB[*]}" "-DCMAKE_MODULE_LINKER_FLAGS=${STDLIB[*]}")
+    EXTRA+=("-DCMAKE_SHARED_LINKER_FLAGS=${STDLIB[*]}" "-DCMAKE_MODULE_LINKER_FLAGS=${STDLIB[*]}"
+      "-DCMAKE_EXE_LINKER_FLAGS=${STDLIB[*]}")
   else
     say "WARNING: no way found to link the shared libstdc++; the Python package may crash (log.txt)"
   fi
@@ -198,8 +202,14 @@ build() {
     # iostream internals compiled into the library (see Note [No iostreams] in status.h).
     say "iostream symbols defined in libddo_torch.so: $(nm -C --defined-only "$lib" | grep -cE '_M_insert<|num_put<.*>::id|basic_ostream<')"
   fi
-  if [ -f "$lib" ] && ! ldd "$lib" 2>/dev/null | grep -q "libstdc++"; then
-    say "WARNING: libddo_torch.so does not load libstdc++.so (linked statically by ${CXX:-c++}?); the Python package will crash; set CXX to a compiler that links libstdc++.so"
+  if [ -f "$lib" ]; then
+    readelf -d "$lib" >"$OUT/.dyn" 2>&1
+    if grep -q 'NEEDED.*libstdc++' "$OUT/.dyn"; then
+      say "libddo_torch.so needs the shared libstdc++"
+    else
+      say "WARNING: libddo_torch.so holds a static libstdc++ (no NEEDED libstdc++.so); the Python package will crash next to torch's shared one"
+    fi
+    rm -f "$OUT/.dyn"
   fi
 }
 
@@ -275,10 +285,10 @@ PYEOF
 
 # Why the library crashes inside Python and not in executables: how libddo_torch.so was linked,
 # which of its definitions are libstdc++'s and from which input, the compiler's libstdc++ macros,
-# and a native backtrace of the first failing Python test. Then, when .prebuilt/ holds a
-# libddo_torch.so built elsewhere (scripts/prebuild-torch-lib.sh), the same tests on that one.
+# and a native backtrace of the first failing Python test.
 link_diag() {
   local lib="$BUILD/torch/libddo_torch.so" cmd syms s
+  install_wheels
   {
     echo "== link diagnosis"
     echo '#include <string>' | "${CXX:-c++}" -std=c++20 -dM -E -x c++ - 2>&1 |
@@ -306,21 +316,6 @@ link_diag() {
       --args "$PY" -m pytest -x -q -p no:cacheprovider python/tests 2>&1) |
       grep -vE "^\[(New|Thread|Detaching)|^[.]+$" | tail -60 >>"$LOG"
   fi
-}
-
-# Swaps in .prebuilt/libddo_torch.so (built on another machine from the same sources) and runs
-# pytest on it; the build's own library is kept as libddo_torch.so.built.
-use_prebuilt() {
-  local lib="$BUILD/torch/libddo_torch.so"
-  if [ ! -f "$ROOT/.prebuilt/libddo_torch.so" ]; then say "no .prebuilt/libddo_torch.so"; return 1; fi
-  cp -f "$lib" "$lib.built"
-  cp -f "$ROOT/.prebuilt/libddo_torch.so" "$lib"
-  export LD_LIBRARY_PATH="$ROOT/.prebuilt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  say "using .prebuilt/libddo_torch.so ($(cat "$ROOT/.prebuilt/ORIGIN" 2>/dev/null))"
-  install_wheels
-  echo "== pytest (prebuilt library)" >>"$LOG"
-  (cd "$ROOT" && timeout 150 "$PY" -m pytest -q -p no:cacheprovider python/tests) >>"$LOG" 2>&1
-  say "pytest (prebuilt) rc=$?: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...
@@ -387,7 +382,7 @@ case "$MODE" in
   everything) build && { run_tests; micro; w1; py; } ;;
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
-  pydiag) build && { link_diag; use_prebuilt && py; } ;;
+  pydiag) build && link_diag ;;
   *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
 esac
 rc=$?
