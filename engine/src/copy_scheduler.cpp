@@ -37,14 +37,14 @@ namespace ddo::engine {
 // ~~~~~~~~~~~~~~~~~~~~
 // A release numbers itself (release_seq) and needs an event on the compute stream at or after
 // that point before its region may be overwritten. Recording one per release costs an event
-// record (a driver call) on every managed op, which dominates for small
-// units. Instead the compute stream gets a "mark" once the bytes released since the last mark
-// reach release_mark_bytes; a mark covers every release numbered up to it. Large units (above the
-// threshold) still get one mark each, so waits on them are exact. A reclaim whose release is not
+// record (a driver call) on every managed op, which dominates the host cost of small units.
+// Instead the compute stream gets a "mark" once the bytes released since the last mark reach
+// release_mark_bytes; a mark covers every release numbered up to it. Units at or above the
+// threshold still get one mark each, so waits on them are exact. A reclaim whose release is not
 // covered yet records a mark on the spot: correct, and at most as late as the newest op issued,
-// which for a region that was released only a few small units ago is almost the same point.
-// Marks live in a small ring of events; a wait uses the oldest live mark that covers the release
-// (a newer one, if it was overwritten, is later in the stream and also correct).
+// which for a region released only a few small units ago is almost the same point. Marks live
+// in a small ring of events; a wait uses the oldest live mark that covers the release (a newer
+// one, if that was overwritten, is later in the stream and also correct).
 //
 // Note [Trace]
 // ~~~~~~~~~~~~
