@@ -37,7 +37,7 @@ namespace ddo::engine {
 // ~~~~~~~~~~~~~~~~~~~~
 // A release numbers itself (release_seq) and needs an event on the compute stream at or after
 // that point before its region may be overwritten. Recording one per release costs an event
-// record (a driver call) on every managed op, which dominates the host cost of small units.
+// record (a driver call) on every managed op, however small its unit.
 // Instead the compute stream gets a "mark" once the bytes released since the last mark reach
 // release_mark_bytes; a mark covers every release numbered up to it. Units at or above the
 // threshold still get one mark each, so waits on them are exact. A reclaim whose release is not
