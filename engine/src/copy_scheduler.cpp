@@ -37,14 +37,14 @@ namespace ddo::engine {
 // ~~~~~~~~~~~~~~~~~~~~
 // A release numbers itself (release_seq) and needs an event on the compute stream at or after
 // that point before its region may be overwritten. Recording one per release costs an event
-// record (a driver call) on every managed op, however small its unit.
-// Instead the compute stream gets a "mark" once the bytes released since the last mark reach
-// release_mark_bytes; a mark covers every release numbered up to it. Units at or above the
-// threshold still get one mark each, so waits on them are exact. A reclaim whose release is not
-// covered yet records a mark on the spot: correct, and at most as late as the newest op issued,
-// which for a region released only a few small units ago is almost the same point. Marks live
-// in a small ring of events; a wait uses the oldest live mark that covers the release (a newer
-// one, if that was overwritten, is later in the stream and also correct).
+// record (a driver call) on every managed op, however small its unit. Instead the compute stream
+// gets a "mark" once the bytes released since the last mark reach release_mark_bytes; a mark
+// covers every release numbered up to it. Units at or above the threshold get one mark each, so
+// waits on them are exact, and acquiring one first marks the small releases before it, so that
+// those never wait for a large op issued after them. A reclaim whose release is not covered yet
+// records a mark on the spot: correct, and at most as late as the newest op issued. Marks live in
+// a small ring of events; a wait uses the oldest live mark that covers the release (a newer one,
+// if that was overwritten, is later in the stream and also correct).
 //
 // Note [Trace]
 // ~~~~~~~~~~~~
@@ -600,6 +600,12 @@ void* CopyScheduler::acquire(int id, Stream stream) {
   DDO_CHECK(u.state != UnitState::kAcquired, Code::kFailedPrecondition, "unit ", id,
             " acquired twice without release");
   ++s.stats.acquires;
+  // A large unit's op is about to be issued: cover the small releases before it with a mark now,
+  // so that reclaiming their regions does not also wait for this op (Note [Release marks]).
+  if (s.options.use_side_stream && s.unmarked_bytes > 0 &&
+      u.bytes >= s.options.release_mark_bytes) {
+    s.record_release_mark();
+  }
   s.observe(id);
   const bool needs_wait = s.options.use_side_stream && u.state != UnitState::kCached;
   switch (u.state) {
