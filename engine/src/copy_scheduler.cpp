@@ -19,11 +19,11 @@ namespace ddo::engine {
 //   kReleased  its unit was released; the data stays usable until the space is needed
 //   kFree      dropped (mispredicted prefetch, drain); only waits for the ring to reach it
 //
-// Reclaiming a kReleased region makes the copy stream wait on a release mark recorded on the
-// compute stream at or after the unit's release (Note [Release marks]), so the overwrite starts
-// only after the last op that read it. Releases happen in order on one compute stream, so a mark
-// covers every release before it: an allocation issues at most one stream wait, and none when
-// the copy stream already waited on a newer mark. A prefetch never reclaims kInFlight data that the
+// Reclaiming a kReleased region makes the copy stream wait on the unit's release event (recorded
+// on the compute stream in release()), so the overwrite starts only after the last op that read
+// it. Releases happen in order on one compute stream, so waiting on the newest release event
+// covers every older one: an allocation issues at most one stream wait, and none when the copy
+// stream already waited on a newer release. A prefetch never reclaims kInFlight data that the
 // trace still expects; an on-demand copy (the op needs it now) may. Data that was never acquired
 // is reclaimed without a wait: no op read it, and the next copy into it is ordered behind the
 // first on the same copy stream.
@@ -32,19 +32,6 @@ namespace ddo::engine {
 // contiguous gap for the next unit (the two free ends of the ring add up to at least window +
 // largest >= 2 x largest). If an op holds so much that no gap exists, acquire() throws
 // kResourceExhausted naming the sizes instead of handing out overlapping memory.
-//
-// Note [Release marks]
-// ~~~~~~~~~~~~~~~~~~~~
-// A release numbers itself (release_seq) and needs an event on the compute stream at or after
-// that point before its region may be overwritten. Recording one per release costs an event
-// record (a driver call) on every managed op, however small its unit. Instead the compute stream
-// gets a "mark" once the bytes released since the last mark reach release_mark_bytes; a mark
-// covers every release numbered up to it. Units at or above the threshold get one mark each, so
-// waits on them are exact, and acquiring one first marks the small releases before it, so that
-// those never wait for a large op issued after them. A reclaim whose release is not covered yet
-// records a mark on the spot: correct, and at most as late as the newest op issued. Marks live in
-// a small ring of events; a wait uses the oldest live mark that covers the release (a newer one,
-// if that was overwritten, is later in the stream and also correct).
 //
 // Note [Trace]
 // ~~~~~~~~~~~~
@@ -66,9 +53,9 @@ namespace ddo::engine {
 // is locked. Nothing allocates after finalize(): unit events, the ring slots and the trace
 // buffer are preallocated. In the steady state an acquire that hits costs one stream wait plus,
 // for each unit prefetched, one copy and one event record (and at most one copy-stream wait on a
-// release mark); a release costs one event record per release_mark_bytes released. time_copies adds
-// two records per acquire and per copy plus a non-blocking query of the previous sample; turn it
-// off where per-op host time is measured.
+// release); a release costs one event record. time_copies adds two records per acquire and per
+// copy plus a non-blocking query of the previous sample; turn it off where per-op host time is
+// measured.
 
 namespace {
 
@@ -97,6 +84,7 @@ struct Unit {
   std::size_t slot = 0;    // ring slot while state != kIdle
   std::size_t offset = 0;  // staging offset while state != kIdle
   std::uint64_t release_seq = 0;
+  Event release = nullptr;
   // copy_dones[pair] completes when the latest copy has landed (the event acquires wait on).
   // With time_copies, copies alternate between two (start, done) timing pairs, so that the copy
   // an acquire consumed keeps its times (for timeline()) while the next cycle's prefetch records
@@ -147,15 +135,8 @@ struct CopyScheduler::Impl {
   std::uint64_t release_counter = 0;
   std::uint64_t copy_waited_release_seq = 0;
   std::uint64_t pending_wait_seq = 0;
-
-  // Release marks (see Note [Release marks]): mark k % kMarks holds the k-th mark recorded.
-  static constexpr std::size_t kMarks = 16;
-  Event marks[kMarks] = {};
-  std::uint64_t mark_seq[kMarks] = {};  // the release_counter each mark covers
-  std::uint64_t marks_recorded = 0;
-  std::uint64_t marked_seq = 0;  // newest release covered by a mark
-  std::size_t unmarked_bytes = 0;
-  Stream release_stream = kDefaultStream;
+  int pending_wait_unit = -1;
+  int last_released_unit = -1;
 
   // Trace (see Note [Trace]).
   std::vector<int> trace;
@@ -182,26 +163,11 @@ struct CopyScheduler::Impl {
   bool stale(const Region& r) const { return r.seq + kStaleGrace < cursor_seq; }
 
   void note_release_wait(int unit) {
-    pending_wait_seq = std::max(pending_wait_seq, units[unit].release_seq);
-  }
-
-  void record_release_mark() {
-    const std::size_t k = marks_recorded % kMarks;
-    device.record_event(marks[k], release_stream);
-    mark_seq[k] = release_counter;
-    marked_seq = release_counter;
-    ++marks_recorded;
-    unmarked_bytes = 0;
-  }
-
-  // The oldest live mark covering release `seq`; records one when none does yet.
-  std::size_t mark_covering(std::uint64_t seq) {
-    if (marked_seq < seq) record_release_mark();
-    const std::uint64_t first = marks_recorded > kMarks ? marks_recorded - kMarks : 0;
-    for (std::uint64_t m = first; m < marks_recorded; ++m) {
-      if (mark_seq[m % kMarks] >= seq) return m % kMarks;
+    const std::uint64_t seq = units[unit].release_seq;
+    if (seq > pending_wait_seq) {
+      pending_wait_seq = seq;
+      pending_wait_unit = unit;
     }
-    return (marks_recorded - 1) % kMarks;  // unreachable: the newest mark covers seq
   }
 
   // Forgets region data: the unit no longer has it in staging.
@@ -319,9 +285,8 @@ struct CopyScheduler::Impl {
     }
     // See Note [Staging ring]: one wait on the newest release covers every reclaimed region.
     if (options.use_side_stream && pending_wait_seq > copy_waited_release_seq) {
-      const std::size_t k = mark_covering(pending_wait_seq);
-      device.stream_wait_event(stream, marks[k]);
-      copy_waited_release_seq = mark_seq[k];
+      device.stream_wait_event(stream, units[pending_wait_unit].release);
+      copy_waited_release_seq = pending_wait_seq;
     }
     const std::size_t slot = (ring_first + ring_count) % ring.size();
     ring[slot] = Region{offset, u.ring_bytes, id, RegionState::kInFlight, seq};
@@ -499,17 +464,14 @@ CopyScheduler::~CopyScheduler() {
     if (s.finalized) {
       if (s.options.use_side_stream) d.synchronize_stream(s.copy_stream);
       // Ops issued before the newest release may still read staging.
-      if (s.release_counter > 0) d.synchronize_event(s.marks[s.mark_covering(s.release_counter)]);
+      if (s.last_released_unit >= 0) d.synchronize_event(s.units[s.last_released_unit].release);
       d.deallocate(s.staging);
     }
     for (Unit& u : s.units) {
-      for (Event e : {u.wait_start, u.wait_end, u.copy_starts[0], u.copy_starts[1], u.copy_dones[0],
-                      u.copy_dones[1]}) {
+      for (Event e : {u.release, u.wait_start, u.wait_end, u.copy_starts[0], u.copy_starts[1],
+                      u.copy_dones[0], u.copy_dones[1]}) {
         if (e != nullptr) d.destroy_event(e);
       }
-    }
-    for (Event e : s.marks) {
-      if (e != nullptr) d.destroy_event(e);
     }
     if (s.mark != nullptr) d.destroy_event(s.mark);
     if (s.copy_stream != kDefaultStream) d.destroy_stream(s.copy_stream);
@@ -569,8 +531,8 @@ Status CopyScheduler::finalize() {
   }
   s.staging_bytes = staging;
   s.stats.staging_bytes = static_cast<std::int64_t>(staging);
-  for (Event& e : s.marks) e = s.device.create_event(/*timing=*/false);
   for (Unit& u : s.units) {
+    u.release = s.device.create_event(/*timing=*/false);
     if (!s.options.time_copies) {
       u.copy_dones[0] = s.device.create_event(/*timing=*/false);
     } else {
@@ -600,12 +562,6 @@ void* CopyScheduler::acquire(int id, Stream stream) {
   DDO_CHECK(u.state != UnitState::kAcquired, Code::kFailedPrecondition, "unit ", id,
             " acquired twice without release");
   ++s.stats.acquires;
-  // A large unit's op is about to be issued: cover the small releases before it with a mark now,
-  // so that reclaiming their regions does not also wait for this op (Note [Release marks]).
-  if (s.options.use_side_stream && s.unmarked_bytes > 0 &&
-      u.bytes >= s.options.release_mark_bytes) {
-    s.record_release_mark();
-  }
   s.observe(id);
   const bool needs_wait = s.options.use_side_stream && u.state != UnitState::kCached;
   switch (u.state) {
@@ -651,13 +607,9 @@ void CopyScheduler::release(int id, Stream stream) {
             Code::kFailedPrecondition, "CopyScheduler::release(", id,
             "): the unit is not acquired");
   Unit& u = s.units[id];
+  s.device.record_event(u.release, stream);
   u.release_seq = ++s.release_counter;
-  s.release_stream = stream;
-  s.unmarked_bytes += u.bytes;
-  // Without a side stream nothing waits on releases; teardown records the one mark it needs.
-  if (s.options.use_side_stream && s.unmarked_bytes >= s.options.release_mark_bytes) {
-    s.record_release_mark();
-  }
+  s.last_released_unit = id;
   u.state = UnitState::kCached;
   s.ring[u.slot].state = RegionState::kReleased;
   s.acquired_bytes -= static_cast<std::int64_t>(u.bytes);

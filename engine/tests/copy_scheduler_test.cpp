@@ -363,40 +363,36 @@ TEST(CopyScheduler, UntimedCopiesStillStream) {
 }
 
 // Compute on its own stream, three times slower than the copies, so the copy stream runs ahead
-// into regions the host released long before the compute stream reads them: each region is
-// overwritten only after its reads, whether releases share marks (small units) or get one each.
+// into regions the host released long before the compute stream reads them: each region must be
+// overwritten only after its reads (the release events of Note [Staging ring]).
 TEST(CopyScheduler, ReclaimWaitsForAnAsynchronousComputeStream) {
-  for (const std::size_t mark_bytes : {std::size_t{0}, std::size_t{4} << 20}) {
-    SchedulerOptions options = window(256 << 10);
-    options.release_mark_bytes = mark_bytes;
-    Rig rig(24, 16 << 10, 64 << 10, options, 200e6);
-    ASSERT_TRUE(rig.scheduler->finalize().ok());
-    const Stream compute = rig.device->create_stream();
-    std::vector<void*> out(rig.host.size(), nullptr);
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      ASSERT_TRUE(rig.device->allocate(rig.host[i].size(), &out[i]).ok());
-    }
-    int wrong = 0;
-    for (int pass = 0; pass < 4; ++pass) {
-      for (const int id : rig.identity()) {
-        const void* p = rig.scheduler->acquire(id, compute);
-        for (int r = 0; r < 3; ++r) {
-          ASSERT_TRUE(
-              rig.device->copy_on_device_async(out[id], p, rig.host[id].size(), compute).ok());
-        }
-        rig.scheduler->release(id, compute);
-      }
-      rig.device->synchronize_stream(compute);
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        if (std::memcmp(out[i], rig.host[i].data(), rig.host[i].size()) != 0) ++wrong;
-      }
-    }
-    EXPECT_EQ(wrong, 0) << "release_mark_bytes=" << mark_bytes;
-    EXPECT_GE(rig.scheduler->stats().prefetch_hits, 2 * 24) << "release_mark_bytes=" << mark_bytes;
-    rig.scheduler.reset();  // records its last mark on `compute`: before the stream goes
-    for (void* o : out) rig.device->deallocate(o);
-    rig.device->destroy_stream(compute);
+  Rig rig(24, 16 << 10, 64 << 10, window(256 << 10), 200e6);
+  ASSERT_TRUE(rig.scheduler->finalize().ok());
+  const Stream compute = rig.device->create_stream();
+  std::vector<void*> out(rig.host.size(), nullptr);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    ASSERT_TRUE(rig.device->allocate(rig.host[i].size(), &out[i]).ok());
   }
+  int wrong = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    for (const int id : rig.identity()) {
+      const void* p = rig.scheduler->acquire(id, compute);
+      for (int r = 0; r < 3; ++r) {
+        ASSERT_TRUE(
+            rig.device->copy_on_device_async(out[id], p, rig.host[id].size(), compute).ok());
+      }
+      rig.scheduler->release(id, compute);
+    }
+    rig.device->synchronize_stream(compute);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (std::memcmp(out[i], rig.host[i].data(), rig.host[i].size()) != 0) ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GE(rig.scheduler->stats().prefetch_hits, 2 * 24);
+  rig.scheduler.reset();  // waits for the last release on `compute`: before the stream goes
+  for (void* o : out) rig.device->deallocate(o);
+  rig.device->destroy_stream(compute);
 }
 
 }  // namespace

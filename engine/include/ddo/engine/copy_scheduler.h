@@ -36,9 +36,6 @@ struct SchedulerOptions {
   bool use_side_stream = true;
   // Time copies with events (device time); costs two event records per copy.
   bool time_copies = true;
-  // Releases of fewer bytes than this share one release event (Note [Release marks] in
-  // copy_scheduler.cpp): small units stop paying one event record each. 0 = one per release.
-  std::size_t release_mark_bytes = std::size_t{4} << 20;
 };
 
 struct SchedulerStats {
