@@ -9,6 +9,7 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh test       # build and tests only
 #     DDO_W1_CAPS=8,12 bash scripts/gpu.sh w1         # build and W1 for some caps only
 #     DDO_SKIP_BUILD=1 bash scripts/gpu.sh py         # W1-py (diffusers) on the build already there
+#     bash scripts/gpu.sh pydiag                      # how libddo_torch.so links; a Python crash's backtrace
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead), w1, py (W1-py:
