@@ -19,7 +19,7 @@
 # DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release),
 # DDO_GPU_BUILD (build folder, build-gpu), DDO_SKIP_BUILD=1 (use the build folder as it is),
 # DDO_FORCE_DEPS=1 (take every dependency from .deps, to test the carried copies), DDO_CMAKE_ARGS
-# (more configure flags, e.g. linker flags to try against the toolchain issue noted below).
+# (more configure flags).
 #
 # The GPU machine reaches no registry: nlohmann-json, CLI11, fmt, GoogleTest and OpenSSL headers
 # come from .deps/ when the machine lacks them (scripts/gpu-prepare-deps.sh says what and why).
@@ -100,11 +100,8 @@ fi
 # TORCH_CUDA_ARCH_LIST: torch's CMake otherwise compiles a GPU probe with the project's C++20
 # setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-# The compiler. Built with the GPU image's g++ (/opt/gcc, GCC 13.3), libddo_torch.so held its own
-# instantiation of std::ostream::_M_insert<long>, whose facet lookup went wrong inside Python (a
-# segfault on the first number formatted; bench/results/2026-12-03-h200-python-crash/). ddo's code
-# no longer uses iostreams (Note [No iostreams] in core/include/ddo/core/status.h); a distribution
-# g++, where the image has one, is still preferred, and the build reports what it finds.
+# The compiler: a distribution g++ where the image has one, else the image's own (/opt/gcc, GCC
+# 13.3), whose static libstdc++ the probe below keeps out of the shared libraries.
 if [ -z "${CXX:-}" ]; then
   for c in /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-14 /usr/bin/g++-12; do
     if [ -x "$c" ]; then export CXX="$c" CUDAHOSTCXX="$c"; break; fi
@@ -130,14 +127,13 @@ say "C++ compiler: ${CXX:-$(command -v c++)} ($(${CXX:-c++} --version | head -1)
 # shared libraries are linked against the libstdc++.so.6 torch loads instead, by the first way
 # that gives a probe with no copy and no unresolved symbol.
 STDLIB=()
+# Matched in bash, not piped into grep -q: under pipefail an early grep exit fails the producer.
+needs_shared_stdlib() { [[ $(readelf -d "$1" 2>&1) == *NEEDED*libstdc++* ]]; }
 probe_stdlib() {  # probe_stdlib OUTPUT FLAGS...: 0 when OUTPUT links and holds no libstdc++ copy
   local so=$1
   shift
   "${CXX:-c++}" -shared -fPIC -O1 "$PROBE/p.cpp" -o "$so" -Wl,-z,defs "$@" >>"$LOG" 2>&1 || return 2
-  # Files, not pipes into grep -q: under pipefail an early grep exit fails the producer.
-  readelf -d "$so" >"$so.dyn" 2>&1
-  nm --defined-only "$so" >"$so.nm" 2>&1
-  grep -q 'NEEDED.*libstdc++' "$so.dyn" && ! grep -qE '_ZNSt6locale7classicEv|num_put' "$so.nm"
+  needs_shared_stdlib "$so" && ! [[ $(nm --defined-only "$so" 2>&1) =~ _ZNSt6locale7classicEv|num_put ]]
 }
 PROBE="$OUT/.probe"
 mkdir -p "$PROBE"
@@ -154,10 +150,8 @@ else
   SYS_STDCXX=$(ldd "$(dirname "$TORCH_PREFIX")/../lib/libc10.so" 2>/dev/null | awk '/libstdc\+\+/ {print $3}')
   [ -f "${SYS_STDCXX:-}" ] || SYS_STDCXX=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
   say "libstdc++: the default link holds a static copy; torch loads ${SYS_STDCXX:-nothing found}"
-  mkdir -p "$PROBE/lib"
-  ln -sf "$SYS_STDCXX" "$PROBE/lib/libstdc++.so"
-  if probe_stdlib "$PROBE/a.so" "-L$PROBE/lib"; then
-    mkdir -p "$BUILD/stdlib" && ln -sf "$SYS_STDCXX" "$BUILD/stdlib/libstdc++.so"
+  mkdir -p "$BUILD/stdlib" && ln -sf "$SYS_STDCXX" "$BUILD/stdlib/libstdc++.so"
+  if probe_stdlib "$PROBE/a.so" "-L$BUILD/stdlib"; then
     STDLIB=("-L$BUILD/stdlib")
   elif probe_stdlib "$PROBE/b.so" -nostdlib++ "$SYS_STDCXX"; then
     STDLIB=(-nostdlib++ "$SYS_STDCXX")
@@ -185,13 +179,11 @@ build() {
   if [ "${DDO_SKIP_BUILD:-0}" = 1 ]; then say "build skipped (DDO_SKIP_BUILD=1): using $BUILD"; return 0; fi
   echo "== build" >>"$LOG"
   # Configured every time: a build folder kept from an earlier call gets this call's flags.
-  if true; then
-    timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
-      -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" "${PYBUILD[@]}" \
-      -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
-      ${DDO_CMAKE_ARGS:-} \
-      >>"$LOG" 2>&1 || { say "FAIL: configure (log.txt)"; tail -30 "$LOG"; return 1; }
-  fi
+  timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
+    -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" "${PYBUILD[@]}" \
+    -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
+    ${DDO_CMAKE_ARGS:-} \
+    >>"$LOG" 2>&1 || { say "FAIL: configure (log.txt)"; tail -30 "$LOG"; return 1; }
   timeout "${DDO_BUILD_TIMEOUT:-330}" cmake --build "$BUILD" -j "$JOBS" >>"$LOG" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
@@ -204,13 +196,11 @@ build() {
     say "iostream symbols defined in libddo_torch.so: $(nm -C --defined-only "$lib" | grep -cE '_M_insert<|num_put<.*>::id|basic_ostream<')"
   fi
   if [ -f "$lib" ]; then
-    readelf -d "$lib" >"$OUT/.dyn" 2>&1
-    if grep -q 'NEEDED.*libstdc++' "$OUT/.dyn"; then
+    if needs_shared_stdlib "$lib"; then
       say "libddo_torch.so needs the shared libstdc++"
     else
       say "WARNING: libddo_torch.so holds a static libstdc++ (no NEEDED libstdc++.so); the Python package will crash next to torch's shared one"
     fi
-    rm -f "$OUT/.dyn"
   fi
 }
 
