@@ -1,5 +1,6 @@
 #include "ddo/core/inventory.h"
 
+#include <algorithm>
 #include <array>
 #include <set>
 #include <utility>
@@ -150,6 +151,25 @@ std::int64_t ModelInventory::total_bytes() const {
   std::int64_t total = 0;
   for (const ModuleInfo& m : modules) total += m.bytes();
   return total;
+}
+
+bool ModelInventory::has_sdnq_layers() const {
+  return std::any_of(modules.begin(), modules.end(),
+                     [](const ModuleInfo& m) { return m.kind == ModuleKind::kSdnq; });
+}
+
+SdnqRole sdnq_role_for_name(std::string_view tensor_name) {
+  if (tensor_name == "weight") return SdnqRole::kPackedWeight;
+  if (tensor_name == "scale") return SdnqRole::kScale;
+  if (tensor_name == "zero_point") return SdnqRole::kZeroPoint;
+  if (tensor_name == "svd_up") return SdnqRole::kSvdUp;
+  if (tensor_name == "svd_down") return SdnqRole::kSvdDown;
+  // Double quantization's second level and the zero point's own scales.
+  if (tensor_name == "scale_2" || tensor_name == "scale_zero_point" ||
+      tensor_name == "zero_point_scale" || tensor_name == "zero_point_2") {
+    return SdnqRole::kAuxiliary;
+  }
+  return SdnqRole::kNone;
 }
 
 const ModuleInfo* ModelInventory::find_module(std::string_view name) const {

@@ -338,6 +338,17 @@ void Planner::classify_tensors() {
     const ModuleInfo& mod = inv_.modules[m];
     streamable_[m].assign(mod.tensors.size(), false);
     if (skipped_[m]) continue;
+    // Note [SDNQ layer units]: an SDNQ layer's packed weight and its scales, zero points and
+    // SVD factors are read together by one dequantize, so they stream together or not at all.
+    // The threshold applies to the layer's role bytes, not to each tensor: uint4 scales and
+    // zero points (an eighth of the packed bytes each at group 64) would otherwise all be moved
+    // once and fill a small card with tensors that are only read when their weight is.
+    std::int64_t sdnq_layer_bytes = 0;
+    if (plan_.sdnq && mod.kind == ModuleKind::kSdnq) {
+      for (const TensorInfo& info : mod.tensors) {
+        if (info.sdnq_role != SdnqRole::kNone) sdnq_layer_bytes += info.bytes;
+      }
+    }
     for (std::size_t t = 0; t < mod.tensors.size(); ++t) {
       const TensorInfo& info = mod.tensors[t];
       bool eligible = false;
@@ -346,6 +357,11 @@ void Planner::classify_tensors() {
         if (mod.kind == ModuleKind::kLinear) {
           ++fallback_count;
           fallback_bytes += info.bytes;
+        }
+        if (eligible && sdnq_layer_bytes > threshold) {
+          streamable_[m][t] = true;
+          own_cost_[m] += info.bytes;
+          continue;
         }
       } else {
         const bool is_weight = info.name == "weight";
@@ -991,7 +1007,17 @@ void Planner::build_stream_units() {
     return module.empty() ? tensor(ref).name : module + "." + tensor(ref).name;
   };
   if (config_.route == Route::kDynamic) {
-    for (TensorRef ref : streamed_) units.push_back({tensor_name(ref), {ref}, tensor(ref).bytes});
+    // One unit per tensor, except SDNQ layers: one unit per layer (Note [SDNQ layer units]).
+    for (TensorRef ref : streamed_) {
+      const bool sdnq_layer = inv_.modules[ref.module].kind == ModuleKind::kSdnq;
+      if (sdnq_layer && !units.empty() && units.back().tensors.back().module == ref.module) {
+        units.back().tensors.push_back(ref);
+        units.back().bytes += tensor(ref).bytes;
+        continue;
+      }
+      units.push_back(
+          {sdnq_layer ? name_of(ref.module) : tensor_name(ref), {ref}, tensor(ref).bytes});
+    }
   } else {
     // Lookup only; units keep first-appearance (model) order.
     std::map<std::string, std::size_t> unit_of;
@@ -1059,11 +1085,15 @@ Plan Planner::run() {
   plan_.mode = config_.execution_mode;
   plan_.route = config_.route;
   plan_.execute = config_.execution_mode != ExecutionMode::kPlan;
-  const bool has_sdnq =
-      std::any_of(inv_.modules.begin(), inv_.modules.end(),
-                  [](const ModuleInfo& m) { return m.kind == ModuleKind::kSdnq; });
-  plan_.sdnq = config_.execution_mode == ExecutionMode::kSdnqRuntime ||
+  const bool has_sdnq = inv_.has_sdnq_layers();
+  const ExecutionMode effective = resolve_execution_mode(config_.execution_mode, inv_);
+  plan_.sdnq = effective == ExecutionMode::kSdnqRuntime ||
                (config_.execution_mode == ExecutionMode::kPlan && has_sdnq);
+  if (effective != config_.execution_mode) {
+    plan_.mode = effective;
+    decide("sdnq_runtime_auto", {{"requested", to_string(config_.execution_mode)}},
+           "the model has SDNQ layers: their packed tensors stream with the sdnq_runtime rules");
+  }
   if (config_.execution_mode == ExecutionMode::kPlan) {
     decide("plan_mode", {{"classified_as", plan_.sdnq ? "sdnq_runtime" : "linear_runtime"}},
            "plan mode: placements are reported, nothing is moved");
@@ -1087,6 +1117,21 @@ Plan Planner::run() {
 }
 
 }  // namespace
+
+ExecutionMode resolve_execution_mode(ExecutionMode requested, const ModelInventory& inventory) {
+  const bool has_sdnq = inventory.has_sdnq_layers();
+  if (requested == ExecutionMode::kSdnqRuntime) {
+    DDO_CHECK(has_sdnq, Code::kInvalidArgument,
+              "execution_mode sdnq_runtime needs SDNQ layers, "
+              "but ",
+              inventory.model_class.empty() ? "the model" : inventory.model_class,
+              " has none; use linear_runtime (or preset auto, which picks the runtime from the "
+              "model)");
+    return requested;
+  }
+  if (requested == ExecutionMode::kLinearRuntime && has_sdnq) return ExecutionMode::kSdnqRuntime;
+  return requested;
+}
 
 Plan make_plan(const ModelInventory& inventory, const DynamicOffloadConfig& config,
                const PlanContext& context) {

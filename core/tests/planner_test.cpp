@@ -855,6 +855,77 @@ TEST(PlannerSdnq, NewPinsBoundedByCeilingRatioMaximumAndRam) {
   EXPECT_EQ(decision(plan, "sdnq_pin_admission").inputs["usable_ram_bytes"], all / 8);
 }
 
+TEST(PlannerSdnq, OneUnitPerLayerAndSmallAuxiliariesTravelWithTheirWeight) {
+  // h = 128, uint4 group 64: each scale is 128*2*2 = 512 bytes, far under the threshold, yet it
+  // streams with its packed weight in one unit (Note [SDNQ layer units]).
+  const ModelInventory inv = flux_inventory({.double_blocks = 2, .single_blocks = 2, .sdnq = true});
+  DynamicOffloadConfig config;
+  config.execution_mode = ExecutionMode::kSdnqRuntime;
+  config.small_tensor_threshold_bytes = 4096;
+  config.resident_module_patterns.clear();
+  const Plan plan = make_plan(inv, config, {});
+  const ModulePlan& q = module(plan, "transformer_blocks.1.attn.to_q");
+  EXPECT_EQ(q.tensors[0].action, TensorAction::kStream);
+  EXPECT_EQ(q.tensors[1].action, TensorAction::kStream);
+  EXPECT_EQ(q.tensors[2].action, TensorAction::kStream);
+  EXPECT_EQ(q.tensors[3].action, TensorAction::kMoveOnce);  // bias: not an SDNQ role
+  const auto unit =
+      std::find_if(plan.stream_units.begin(), plan.stream_units.end(),
+                   [](const StreamUnit& u) { return u.name == "transformer_blocks.1.attn.to_q"; });
+  ASSERT_NE(unit, plan.stream_units.end());
+  ASSERT_EQ(unit->tensors.size(), 3u);
+  const ModuleInfo& info = *inv.find_module("transformer_blocks.1.attn.to_q");
+  EXPECT_EQ(unit->bytes, info.tensors[0].bytes + info.tensors[1].bytes + info.tensors[2].bytes);
+  std::int64_t total = 0;
+  for (const StreamUnit& u : plan.stream_units) total += u.bytes;
+  EXPECT_EQ(total, plan.streamed_bytes);
+
+  // A layer whose role bytes are all at or under the threshold moves once, whole.
+  config.small_tensor_threshold_bytes = 1 << 20;
+  const Plan small = make_plan(inv, config, {});
+  for (const TensorPlan& t : module(small, "transformer_blocks.1.attn.to_q").tensors) {
+    EXPECT_EQ(t.action, TensorAction::kMoveOnce);
+  }
+}
+
+TEST(PlannerSdnq, RuntimeFollowsTheModel) {
+  const ModelInventory quantized =
+      flux_inventory({.double_blocks = 2, .single_blocks = 2, .sdnq = true});
+  const ModelInventory dense = flux_inventory({.double_blocks = 2, .single_blocks = 2});
+  EXPECT_EQ(resolve_execution_mode(ExecutionMode::kLinearRuntime, quantized),
+            ExecutionMode::kSdnqRuntime);
+  EXPECT_EQ(resolve_execution_mode(ExecutionMode::kLinearRuntime, dense),
+            ExecutionMode::kLinearRuntime);
+  EXPECT_EQ(resolve_execution_mode(ExecutionMode::kPlan, quantized), ExecutionMode::kPlan);
+
+  DynamicOffloadConfig config;
+  config.execution_mode = ExecutionMode::kLinearRuntime;
+  const Plan plan = make_plan(quantized, config, {});
+  EXPECT_TRUE(plan.sdnq);
+  EXPECT_EQ(plan.mode, ExecutionMode::kSdnqRuntime);
+  EXPECT_EQ(decision(plan, "sdnq_runtime_auto").inputs["requested"], "linear_runtime");
+
+  config.execution_mode = ExecutionMode::kSdnqRuntime;
+  try {
+    make_plan(dense, config, {});
+    FAIL() << "sdnq_runtime on a dense model must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("has none; use linear_runtime"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(InventorySdnq, RolesFromTheFormatsNames) {
+  EXPECT_EQ(sdnq_role_for_name("weight"), SdnqRole::kPackedWeight);
+  EXPECT_EQ(sdnq_role_for_name("scale"), SdnqRole::kScale);
+  EXPECT_EQ(sdnq_role_for_name("zero_point"), SdnqRole::kZeroPoint);
+  EXPECT_EQ(sdnq_role_for_name("svd_up"), SdnqRole::kSvdUp);
+  EXPECT_EQ(sdnq_role_for_name("svd_down"), SdnqRole::kSvdDown);
+  EXPECT_EQ(sdnq_role_for_name("scale_2"), SdnqRole::kAuxiliary);
+  EXPECT_EQ(sdnq_role_for_name("bias"), SdnqRole::kNone);
+}
+
 // --- stream units, modes, routes -------------------------------------------------------------
 
 TEST(PlannerUnits, DynamicBlockAndLeafUnits) {

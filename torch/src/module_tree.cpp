@@ -104,6 +104,7 @@ core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& exe
       ti.on_device = cuda && t.device() == execution_device;
       // Asking a CPU tensor whether it is pinned touches the CUDA hooks; only worth it on CUDA.
       ti.already_pinned = cuda && t.device().is_cpu() && t.is_pinned();
+      if (entry.kind == core::ModuleKind::kSdnq) ti.sdnq_role = core::sdnq_role_for_name(slot.name);
       info.tensors.push_back(std::move(ti));
     }
     inv.modules.push_back(std::move(info));

@@ -90,6 +90,8 @@ struct ModelInventory {
   std::vector<ModuleInfo> modules;
 
   std::int64_t total_bytes() const;
+  // Any module of kind kSdnq.
+  bool has_sdnq_layers() const;
   // Linear scan; the planner builds its own index once.
   const ModuleInfo* find_module(std::string_view name) const;
   std::optional<std::size_t> module_index(std::string_view name) const;
@@ -106,6 +108,10 @@ struct ModelInventory {
 
   bool operator==(const ModelInventory&) const = default;
 };
+
+// The role of an SDNQ layer's direct tensor, from its name (the public format's names: weight,
+// scale, scale_2, zero_point, ..., svd_up, svd_down); kNone for bias and unknown names.
+SdnqRole sdnq_role_for_name(std::string_view tensor_name);
 
 // True when `name` is `ancestor` or lies below it in the dotted hierarchy ("" contains all).
 bool is_within(std::string_view name, std::string_view ancestor);
