@@ -1,63 +1,117 @@
 #!/usr/bin/env python3
-"""Merges W1 result files (bench/w1 --out) into one markdown table for the README.
+"""The markdown table of W1 and W1-py results: the one writer of it (the benchmarks emit JSON).
 
-Several device calls may each run some caps (DDO_W1_CAPS); this joins their rows, in cap order,
-and checks the targets of shared/spec/benchmarks.md on each row.
+Reads the JSON documents that bench/w1 (--out, or stdout) and bench/python/w1_py.py (--out)
+write, joins their rows in cap order (several device calls may each run some caps) and checks two
+targets of shared/spec/benchmarks.md on each row: peak VRAM within the cap, and efficiency
+>= 0.95 on the calibrated route. One footer line per document: machine, versions, commit, command.
 
-    scripts/gpu-bench-table.py bench/results/w1-*.json > table.md
+    scripts/gpu-bench-table.py w1.json > w1.md
+    scripts/gpu-bench-table.py bench/results/*/w1-part*.json      # parts of one W1 run
+    build/tools/w1 --size tiny --device sim --caps 0.02,0 | scripts/gpu-bench-table.py -
+
+Example row:
+    | flux-dit | 8 | calibrated | 4.2 | 0.347 | 0.345 | 18.96 | 54.7 | 0.176 | 6.98 | 22.9 | 0.344 | 1.00 | ok |
 """
 import json
 import sys
 
 ROUTE_ORDER = {"resident": 0, "calibration": 1, "calibrated": 2, "block": 3, "leaf": 4}
+# W1-py's block and leaf rows are diffusers' own group offload; W1's are ddo's compat presets.
+PY_ROUTE_NAMES = {"block": "diffusers block", "leaf": "diffusers leaf"}
+HEAD = ("| workload | cap GiB | route | setup s | first step s | median step s | streamed GB/step | "
+        "achieved GB/s | wait s/step | peak VRAM GiB | peak RSS GiB | bound s | efficiency | "
+        "targets |")
+# (row key, decimals) of the cells after the route.
+CELLS = [("setup_s", 1), ("first_step_s", 3), ("median_step_s", 3), ("streamed_gb_per_step", 2),
+         ("achieved_gbps", 1), ("compute_wait_s_per_step", 3), ("peak_vram_gib", 2),
+         ("peak_host_rss_gib", 1), ("bound_s", 3), ("efficiency", 2)]
 
 
-def cell(row, key, digits):
+def cell(row: dict, key: str, digits: int) -> str:
+    """Fixed decimals, or three significant digits for the small figures of the tiny model."""
     value = row.get(key)
-    return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    if value != 0 and abs(value) < 0.01:
+        return f"{value:.3g}"
+    return f"{value:.{digits}f}"
 
 
-def main(paths):
-    docs = [json.load(open(p)) for p in paths]
-    if not docs:
-        sys.exit("usage: gpu-bench-table.py W1.json...")
-    rows = []
-    for doc in docs:
-        for row in doc.get("rows", []):
-            rows.append(row)
-    rows.sort(key=lambda r: (r["cap_gib"] == 0 and r["route"] != "resident",
-                             r["cap_gib"] if r["cap_gib"] else 1e9,
-                             ROUTE_ORDER.get(r["route"], 9)))
-    print("| cap GiB | route | setup s | first step s | median step s | streamed GB/step | "
-          "achieved GB/s | wait s/step | peak VRAM GiB | peak RSS GiB | bound s | efficiency | "
-          "targets |")
-    print("| --- " * 13 + "|")
-    for r in rows:
-        cap = r["cap_gib"]
-        cap_text = f"{cap:g}" if cap else "none"
-        if "error" in r:
-            err = r["error"].replace("|", " ").replace("\n", " ")[:70]
-            print(f"| {cap_text} | {r['route']} | failed: {err} | | | | | | "
-                  f"{cell(r, 'peak_vram_gib', 2)} | {cell(r, 'peak_host_rss_gib', 1)} | | | |")
-            continue
-        notes = []
-        if cap and r.get("peak_vram_gib", 0) > cap:
-            notes.append("VRAM over cap")
-        if r["route"] == "calibrated" and r.get("efficiency", 0) < 0.95:
-            notes.append("eff < 0.95")
-        print(f"| {cap_text} | {r['route']} | {cell(r, 'setup_s', 1)} | {cell(r, 'first_step_s', 3)} | "
-              f"{cell(r, 'median_step_s', 3)} | {cell(r, 'streamed_gb_per_step', 2)} | "
-              f"{cell(r, 'achieved_gbps', 1)} | {cell(r, 'compute_wait_s_per_step', 3)} | "
-              f"{cell(r, 'peak_vram_gib', 2)} | {cell(r, 'peak_host_rss_gib', 1)} | "
-              f"{cell(r, 'bound_s', 3)} | {cell(r, 'efficiency', 2)} | {', '.join(notes) or 'ok'} |")
-    d = docs[0]
-    print()
-    print(f"GPU {d.get('gpu')}, driver `{d.get('driver', '?')[:60]}`, torch {d.get('torch_version')}, "
-          f"commit {d.get('commit')}; B_pinned {d.get('b_pinned_gbps', 0):.1f} GB/s, "
-          f"T_resident {max(x.get('t_resident_s', 0) for x in docs):.3f} s, "
-          f"model {d.get('model_gb', 0):.1f} GB; commands: "
-          + "; ".join(f"`{x.get('command')}`" for x in docs))
+def cap_of(row: dict) -> float:
+    """The cap in GiB; 0 when uncapped (W1 writes 0, W1-py null)."""
+    return row.get("cap_gib") or 0
+
+
+def sort_key(row: dict):
+    cap = cap_of(row)
+    # The resident row first, then by cap, the uncapped rows of other routes last.
+    return (row["route"] != "resident", cap == 0, cap, ROUTE_ORDER.get(row["route"], 9))
+
+
+def targets(row: dict) -> str:
+    notes = []
+    cap = cap_of(row)
+    if cap and isinstance(row.get("peak_vram_gib"), (int, float)) and row["peak_vram_gib"] > cap:
+        notes.append("VRAM over cap")
+    if row["route"] == "calibrated" and row.get("efficiency", 0) < 0.95:
+        notes.append("eff < 0.95")
+    if row.get("error"):
+        notes.append("error: " + row["error"].replace("|", "/").replace("\n", " ")[:60])
+    return ", ".join(notes) or "ok"
+
+
+def line(doc: dict, row: dict) -> str:
+    cap = cap_of(row)
+    route = row["route"]
+    if doc.get("benchmark") == "w1-py":
+        route = PY_ROUTE_NAMES.get(route, route)
+    head = [row.get("workload", "-"), f"{cap:g}" if cap else "none", route]
+    if row.get("error") and row.get("median_step_s") is None:
+        err = row["error"].replace("|", "/").replace("\n", " ")[:80]
+        cells = [f"failed: {err}"] + ["-"] * 5 + [cell(row, "peak_vram_gib", 2),
+                                                  cell(row, "peak_host_rss_gib", 1), "-", "-", "-"]
+    else:
+        cells = [cell(row, key, digits) for key, digits in CELLS] + [targets(row)]
+    return "| " + " | ".join(head + cells) + " |"
+
+
+def footer(doc: dict) -> str:
+    if doc.get("device") == "sim":
+        where = "sim device (CPU numbers)"
+    else:
+        where = f"GPU: {doc.get('gpu') or '?'}"
+        if doc.get("driver"):
+            where += f" (driver {str(doc['driver'])[:60]})"
+    t_res = doc.get("t_resident_s")
+    parts = [where, f"B_pinned {doc.get('b_pinned_gbps') or 0:.1f} GB/s",
+             f"T_resident {'-' if t_res is None else format(t_res, '.3f')} s",
+             f"model {doc.get('model_gb') or 0:.1f} GB", f"torch {doc.get('torch_version', '?')}"]
+    if doc.get("diffusers_version"):
+        parts.append(f"diffusers {doc['diffusers_version']}")
+    parts.append(f"commit {doc.get('commit') or '-'}")
+    if doc.get("command"):
+        parts.append(f"command `{doc['command']}`")
+    return "; ".join(parts)
+
+
+def table(docs: list) -> str:
+    rows = sorted(((doc, row) for doc in docs for row in doc.get("rows", [])),
+                  key=lambda pair: sort_key(pair[1]))
+    lines = [HEAD, "| " + " | ".join(["---"] * 14) + " |"]
+    lines += [line(doc, row) for doc, row in rows]
+    lines.append("")
+    lines += [footer(doc) for doc in docs]
+    return "\n".join(lines) + "\n"
+
+
+def main(paths: list) -> int:
+    if not paths:
+        sys.exit("usage: gpu-bench-table.py W1.json... (- reads one document from stdin)")
+    docs = [json.load(sys.stdin) if p == "-" else json.load(open(p)) for p in paths]
+    sys.stdout.write(table(docs))
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

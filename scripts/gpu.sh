@@ -9,12 +9,13 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh test       # build and tests only
 #     DDO_W1_CAPS=8,12 bash scripts/gpu.sh w1         # build and W1 for some caps only
 #     DDO_SKIP_BUILD=1 bash scripts/gpu.sh py         # W1-py (diffusers) on the build already there
-#     bash scripts/gpu.sh pydiag                      # how libddo_torch.so links; a Python crash's backtrace
+#     bash scripts/gpu.sh pydiag                      # build, then scripts/gpu-pydiag.sh link
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead), w1, py (W1-py:
-# bench/python/w1_py.py, diffusers from the wheels in .whl). DDO_W1_EXTRA: flags of a second W1
-# invocation run after the first (its table goes to log.txt only). Knobs:
+# bench/python/w1_py.py, diffusers from the wheels in .whl); the W1 and W1-py tables come from
+# scripts/gpu-bench-table.py. DDO_W1_EXTRA: flags of a second W1 invocation run after the first
+# (its JSON goes to log.txt only). Knobs:
 # DDO_GPU_JOBS (16), DDO_W1_SIZE (full), DDO_W1_CAPS (8,12,16,24,0), DDO_W1_STEPS (5),
 # DDO_W1_ROUTES (calibrated,block,leaf), DDO_W1_ARGS (more w1 flags), DDO_BUILD_TYPE (Release),
 # DDO_GPU_BUILD (build folder, build-gpu), DDO_SKIP_BUILD=1 (use the build folder as it is),
@@ -101,7 +102,9 @@ fi
 # setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 # The compiler: a distribution g++ where the image has one, else the image's own (/opt/gcc, GCC
-# 13.3), whose static libstdc++ the probe below keeps out of the shared libraries.
+# 13.3), which links libstdc++ statically into shared libraries unless told otherwise; CMake's
+# configure-time probe (cmake/DdoSharedStdlib.cmake) tells it, and the ctest tests stdlib_<target>
+# check the result.
 if [ -z "${CXX:-}" ]; then
   for c in /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-14 /usr/bin/g++-12; do
     if [ -x "$c" ]; then export CXX="$c" CUDAHOSTCXX="$c"; break; fi
@@ -118,55 +121,6 @@ if [ -z "${CXX:-}" ]; then
   fi
 fi
 say "C++ compiler: ${CXX:-$(command -v c++)} ($(${CXX:-c++} --version | head -1))"
-
-# libstdc++ must be the process's one shared copy. The image's g++ linked a static copy into
-# libddo_torch.so (iostream and locale code defined in the library); inside Python, next to torch's
-# shared libstdc++.so.6, that copy crashed on its first formatted number
-# (bench/results/2026-12-03-h200-python-crash/). Probe: link a small shared library that formats a
-# number; if it defines std::locale::classic() itself, libstdc++ went in statically, and the
-# shared libraries are linked against the libstdc++.so.6 torch loads instead, by the first way
-# that gives a probe with no copy and no unresolved symbol.
-STDLIB=()
-# Matched in bash, not piped into grep -q: under pipefail an early grep exit fails the producer.
-needs_shared_stdlib() { [[ $(readelf -d "$1" 2>&1) == *NEEDED*libstdc++* ]]; }
-probe_stdlib() {  # probe_stdlib OUTPUT FLAGS...: 0 when OUTPUT links and holds no libstdc++ copy
-  local so=$1
-  shift
-  "${CXX:-c++}" -shared -fPIC -O1 "$PROBE/p.cpp" -o "$so" -Wl,-z,defs "$@" >>"$LOG" 2>&1 || return 2
-  needs_shared_stdlib "$so" && ! [[ $(nm --defined-only "$so" 2>&1) =~ _ZNSt6locale7classicEv|num_put ]]
-}
-PROBE="$OUT/.probe"
-mkdir -p "$PROBE"
-printf '%s\n' '#include <sstream>' '#include <string>' \
-  'std::string ddo_probe(long v) { std::ostringstream s; s << v; return s.str(); }' >"$PROBE/p.cpp"
-{
-  echo "== libstdc++ probe"
-  echo "libstdc++.so: $(${CXX:-c++} -print-file-name=libstdc++.so)  libstdc++.a: $(${CXX:-c++} -print-file-name=libstdc++.a)"
-  ${CXX:-c++} -dumpspecs 2>/dev/null | grep -n -B1 -A1 -iE 'static-libstdc|lstdc' | head -20
-} >>"$LOG"
-if probe_stdlib "$PROBE/default.so"; then
-  say "libstdc++: linked shared by default"
-else
-  SYS_STDCXX=$(ldd "$(dirname "$TORCH_PREFIX")/../lib/libc10.so" 2>/dev/null | awk '/libstdc\+\+/ {print $3}')
-  [ -f "${SYS_STDCXX:-}" ] || SYS_STDCXX=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
-  say "libstdc++: the default link holds a static copy; torch loads ${SYS_STDCXX:-nothing found}"
-  mkdir -p "$BUILD/stdlib" && ln -sf "$SYS_STDCXX" "$BUILD/stdlib/libstdc++.so"
-  if probe_stdlib "$PROBE/a.so" "-L$BUILD/stdlib"; then
-    STDLIB=("-L$BUILD/stdlib")
-  elif probe_stdlib "$PROBE/b.so" -nostdlib++ "$SYS_STDCXX"; then
-    STDLIB=(-nostdlib++ "$SYS_STDCXX")
-  elif probe_stdlib "$PROBE/c.so" -nodefaultlibs "$SYS_STDCXX" -lm -lc -lgcc_s -lgcc; then
-    STDLIB=(-nodefaultlibs "$SYS_STDCXX" -lm -lc -lgcc_s -lgcc)
-  fi
-  if [ ${#STDLIB[@]} -gt 0 ]; then
-    say "libstdc++: shared libraries link with: ${STDLIB[*]}"
-    EXTRA+=("-DCMAKE_SHARED_LINKER_FLAGS=${STDLIB[*]}" "-DCMAKE_MODULE_LINKER_FLAGS=${STDLIB[*]}"
-      "-DCMAKE_EXE_LINKER_FLAGS=${STDLIB[*]}")
-  else
-    say "WARNING: no way found to link the shared libstdc++; the Python package may crash (log.txt)"
-  fi
-fi
-rm -rf "$PROBE"
 
 # The ddo Python package (ddo._C) is built in the same tree when the interpreter has its headers.
 PYBUILD=()
@@ -190,18 +144,11 @@ build() {
     say "FAIL: build rc=$rc (log.txt)"; grep -E "error|FAILED" "$LOG" | head -20; return 1
   fi
   say "build ok"
-  local lib="$BUILD/torch/libddo_torch.so"
-  if [ -f "$lib" ] && command -v nm >/dev/null 2>&1; then
-    # iostream internals compiled into the library (see Note [No iostreams] in status.h).
-    say "iostream symbols defined in libddo_torch.so: $(nm -C --defined-only "$lib" | grep -cE '_M_insert<|num_put<.*>::id|basic_ostream<')"
-  fi
-  if [ -f "$lib" ]; then
-    if needs_shared_stdlib "$lib"; then
-      say "libddo_torch.so needs the shared libstdc++"
-    else
-      say "WARNING: libddo_torch.so holds a static libstdc++ (no NEEDED libstdc++.so); the Python package will crash next to torch's shared one"
-    fi
-  fi
+  # How the shared libraries link libstdc++ (cmake/DdoSharedStdlib.cmake), and the check of the
+  # built files that the tests run too.
+  grep -E "^-- ddo: libstdc\+\+" "$LOG" | tail -3 | sed 's/^-- //' | tee -a "$SUMMARY"
+  (cd "$BUILD" && ctest -R '^stdlib_' --output-on-failure) >>"$LOG" 2>&1 ||
+    say "WARNING: a shared library carries its own libstdc++ (ctest -R stdlib_, log.txt); the Python package will crash"
 }
 
 # Wheels the GPU machine lacks (diffusers, accelerate, ...), installed once into /tmp/site.
@@ -240,72 +187,7 @@ run_tests() {
     (cd "$ROOT" && timeout 120 "$PY" -m pytest -q -p no:cacheprovider python/tests) >>"$LOG" 2>&1
     local prc=$?
     say "pytest rc=$prc: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
-    [ $prc -ge 128 ] && py_crash_diag
-  fi
-}
-
-# A crash of the Python tests: the pybind11 ABI of torch and ddo, a minimal repro and, where
-# cuda-gdb exists, a native backtrace, all into log.txt.
-py_crash_diag() {
-  echo "== python crash diagnosis" >>"$LOG"
-  cat >"$OUT/.repro.py" <<'PYEOF'
-import faulthandler, sys
-faulthandler.enable()
-import torch
-print("torch pybind11:", [getattr(torch._C, n, None) for n in
-      ("_PYBIND11_COMPILER_TYPE", "_PYBIND11_STDLIB", "_PYBIND11_BUILD_ABI")], flush=True)
-import ddo
-print("ddo imported from", ddo.__file__, flush=True)
-for what, call in [("code_of_exception", lambda: ddo._C.code_of_exception("invalid_argument")),
-                   ("config_apply bad value", lambda: ddo._C.config_apply(None, {"pin_cpu_workers": 0})),
-                   ("config_apply unknown", lambda: ddo._C.config_apply(None, {"pin_memory": True}))]:
-    print("try", what, flush=True)
-    try:
-        print("  ->", call(), flush=True)
-    except Exception as e:
-        print("  raised", type(e).__name__, str(e)[:120], flush=True)
-PYEOF
-  timeout 60 "$PY" "$OUT/.repro.py" >>"$LOG" 2>&1
-  echo "repro rc=$?" >>"$LOG"
-  if command -v cuda-gdb >/dev/null 2>&1; then
-    timeout 120 cuda-gdb -batch -ex run -ex "bt 40" -ex "info symbol \$pc" -ex "x/4i \$pc" \
-      --args "$PY" "$OUT/.repro.py" 2>&1 | grep -vE "^\[(New|Thread)" | tail -60 >>"$LOG"
-  fi
-  rm -f "$OUT/.repro.py"
-}
-
-# Why the library crashes inside Python and not in executables: how libddo_torch.so was linked,
-# which of its definitions are libstdc++'s and from which input, the compiler's libstdc++ macros,
-# and a native backtrace of the first failing Python test.
-link_diag() {
-  local lib="$BUILD/torch/libddo_torch.so" cmd syms s
-  install_wheels
-  {
-    echo "== link diagnosis"
-    echo '#include <string>' | "${CXX:-c++}" -std=c++20 -dM -E -x c++ - 2>&1 |
-      grep -E "EXTERN_TEMPLATE|_GLIBCXX_RELEASE |__GLIBCXX__ |USE_CXX11_ABI|_GLIBCXX_INLINE_VERSION"
-    cmd=$(cd "$BUILD" && ninja -t commands torch/libddo_torch.so | tail -1)
-    echo "link: $cmd" | sed -E 's/ [^ ]+\.o / /g'
-    readelf -d "$lib" | grep -E "NEEDED|FLAGS|SYMBOLIC|RUNPATH"
-    echo "-- libstdc++-looking definitions (nm: lower case = local, u = unique, W/V = weak)"
-    nm -C --defined-only "$lib" | grep -E "std::locale|codecvt|num_put|_M_insert|ios_base" | head -30
-    syms=$(nm --defined-only "$lib" | awk '$3 ~ /(locale|codecvt|num_put|_M_insert)/ {print $3}' | head -6)
-    echo "-- which inputs define them"
-    s=""
-    for x in $syms; do s="$s -Wl,-y,$x"; done
-    if [ -n "$s" ]; then
-      (cd "$BUILD" && eval "$(echo "$cmd" | sed -E "s# -o torch/libddo_torch.so # -o $OUT/.relink.so $s #")") 2>&1 |
-        head -30
-      rm -f "$OUT/.relink.so"
-    fi
-    echo "-- _C module"
-    nm -C --defined-only "$BUILD"/python/ddo/_C*.so | grep -cE "std::locale|codecvt|num_put|_M_insert"
-  } >>"$LOG" 2>&1
-  if command -v cuda-gdb >/dev/null 2>&1; then
-    echo "== native backtrace of the first failing Python test" >>"$LOG"
-    (cd "$ROOT" && timeout 200 cuda-gdb -batch -ex run -ex "bt 30" -ex "info sharedlibrary libddo" \
-      --args "$PY" -m pytest -x -q -p no:cacheprovider python/tests 2>&1) |
-      grep -vE "^\[(New|Thread|Detaching)|^[.]+$" | tail -60 >>"$LOG"
+    [ $prc -ge 128 ] && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" crash >>"$LOG" 2>&1
   fi
 }
 
@@ -322,6 +204,13 @@ bench() {  # bench NAME TIMEOUT ARGS...
   return $rc
 }
 
+# table JSON MD: the markdown table of a W1 or W1-py result (scripts/gpu-bench-table.py, the one
+# writer), also into the summary; rows written before a timeout still make a table.
+table() {
+  [ -f "$1" ] || return 0
+  "$PY" "$ROOT/scripts/gpu-bench-table.py" "$1" >"$2" 2>>"$LOG" && tee -a "$SUMMARY" <"$2"
+}
+
 micro() {
   bench copy_engine 90 --out "$OUT/copy_engine.json" --commit "$DDO_COMMIT"
   bench op_overhead 60 --out "$OUT/op_overhead.json" --commit "$DDO_COMMIT"
@@ -335,9 +224,9 @@ w1() {
   [ $left -lt 60 ] && left=60
   # shellcheck disable=SC2086
   bench w1 "$left" --size "$size" --caps "$caps" --steps "${DDO_W1_STEPS:-5}" \
-    --routes "${DDO_W1_ROUTES:-calibrated,block,leaf}" --out "$OUT/w1.json" --md "$OUT/w1.md" \
+    --routes "${DDO_W1_ROUTES:-calibrated,block,leaf}" --out "$OUT/w1.json" \
     --commit "$DDO_COMMIT" ${DDO_W1_ARGS:-}
-  [ -f "$OUT/w1.md" ] && cat "$OUT/w1.md" | tee -a "$SUMMARY"
+  table "$OUT/w1.json" "$OUT/w1.md"
   if [ -n "${DDO_W1_EXTRA:-}" ]; then
     left=$((570 - ($(date +%s) - T_START) - 20))
     [ $left -lt 60 ] && left=60
@@ -355,10 +244,10 @@ py() {
   # shellcheck disable=SC2086
   timeout "$left" "$PY" "$ROOT/bench/python/w1_py.py" --size "$size" "${dev[@]}" \
     ${DDO_W1PY_CAPS:+--caps "$DDO_W1PY_CAPS"} --steps "${DDO_W1_STEPS:-5}" \
-    --out "$OUT/w1py.json" --md "$OUT/w1py.md" --commit "$DDO_COMMIT" ${DDO_W1PY_ARGS:-} >>"$LOG" 2>&1
+    --out "$OUT/w1py.json" --commit "$DDO_COMMIT" ${DDO_W1PY_ARGS:-} >>"$LOG" 2>&1
   local rc=$?
   say "w1_py rc=$rc"
-  [ -f "$OUT/w1py.md" ] && cat "$OUT/w1py.md" | tee -a "$SUMMARY"
+  table "$OUT/w1py.json" "$OUT/w1py.md"
   return $rc
 }
 
@@ -373,7 +262,7 @@ case "$MODE" in
   everything) build && { run_tests; micro; w1; py; } ;;
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
-  pydiag) build && link_diag ;;
+  pydiag) build && install_wheels && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" link >>"$LOG" 2>&1 ;;
   *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
 esac
 rc=$?
