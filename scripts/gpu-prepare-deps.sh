@@ -42,14 +42,17 @@ done
 grep -qx '/.deps/' "$ROOT/.gitignore" 2>/dev/null || echo "gpu-prepare-deps: add /.deps/ to .gitignore" >&2
 du -sh "$DEPS" | sed 's/^/gpu-prepare-deps: .deps is /'
 
-# Python wheels for the W1-py benchmark (bench/python/w1_py.py): the GPU image has torch 2.11,
-# transformers and huggingface_hub but not diffusers, nor accelerate (diffusers' group offload
-# needs it) and importlib_metadata. Pure-Python or manylinux wheels for CPython 3.12; gpu.sh
-# installs them into /tmp/ddo-site there. Pinned to the versions of python/requirements-test.txt.
+# Python wheels for the W1-py and W2 benchmarks (bench/python/w1_py.py, w2_py.py): the GPU image
+# has torch 2.11, transformers, huggingface_hub, psutil and accelerate 1.15 but not diffusers,
+# nor importlib_metadata, nor sdnq (W2's quantizer, GPL-3.0: benchmarks and tests only; it needs
+# torch, diffusers, transformers and accelerate, all there then). Pure-Python or manylinux wheels
+# for CPython 3.12; gpu.sh (and gpu-w2.sh) install them into /tmp/ddo-site there. Pinned to the
+# versions of python/requirements-test.txt and the project venv's sdnq.
 WHL="$ROOT/.whl"
 mkdir -p "$WHL"
+cd "$ROOT"  # the working folder so far was .deps/debs, removed above
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$WHL" diffusers==0.42.1 importlib_metadata==10.2.0 lazy-importer==0.1.0 accelerate==1.15.0 \
-  psutil==7.2.2 pyyaml==6.0.4
+  psutil==7.2.2 pyyaml==6.0.4 sdnq==0.2.8
 echo "gpu-prepare-deps: .whl holds $(du -sh "$WHL" | cut -f1) of wheels" >&2

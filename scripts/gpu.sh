@@ -10,6 +10,7 @@
 #     DDO_W1_CAPS=8,12 bash scripts/gpu.sh w1         # build and W1 for some caps only
 #     DDO_SKIP_BUILD=1 bash scripts/gpu.sh py         # W1-py (diffusers) on the build already there
 #     bash scripts/gpu.sh pydiag                      # build, then scripts/gpu-pydiag.sh link
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead), w1, py (W1-py:
@@ -258,12 +259,13 @@ case "$MODE" in
   w1) build && w1 ;;
   bench) build && micro && w1 ;;
   py) build && py ;;
+  w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   all) build && { run_tests; micro; w1; } ;;
   everything) build && { run_tests; micro; w1; py; } ;;
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
   pydiag) build && install_wheels && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" link >>"$LOG" 2>&1 ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py|w2]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"
