@@ -20,13 +20,7 @@ using nlohmann::json;
 
 using text::normalize_token;
 
-// One enum's spellings, in the order users see them in error messages.
-template <typename E>
-struct Spelling {
-  const char* name;
-  E value;
-};
-
+// The only spellings ddo writes or reads for its enums (config.h: Spelling).
 constexpr std::array<Spelling<ExecutionMode>, 3> kModeSpellings = {{
     {"plan", ExecutionMode::kPlan},
     {"linear_runtime", ExecutionMode::kLinearRuntime},
@@ -49,17 +43,17 @@ constexpr std::array<Spelling<Selection>, 3> kSelectionSpellings = {{
     {"largest", Selection::kLargest},
 }};
 
-template <typename E, std::size_t N>
-const char* spelling_of(const std::array<Spelling<E>, N>& table, E value) {
+template <typename E>
+const char* spelling_of(std::span<const Spelling<E>> table, E value) {
   for (const auto& s : table) {
     if (s.value == value) return s.name;
   }
   return "unknown";
 }
 
-template <typename E, std::size_t N>
-Status parse_spelling(const std::array<Spelling<E>, N>& table, const char* what,
-                      std::string_view text, E* out) {
+template <typename E>
+Status parse_spelling(std::span<const Spelling<E>> table, const char* what, std::string_view text,
+                      E* out) {
   const std::string token = normalize_token(text);
   for (const auto& s : table) {
     if (token == s.name) {
@@ -325,30 +319,43 @@ Status check_patterns(const char* field, const std::vector<std::string>& pattern
 
 }  // namespace
 
+std::span<const Spelling<ExecutionMode>> execution_mode_spellings() {
+  return kModeSpellings;
+}
+std::span<const Spelling<Route>> route_spellings() {
+  return kRouteSpellings;
+}
+std::span<const Spelling<AutoBudgetPolicy>> auto_budget_policy_spellings() {
+  return kPolicySpellings;
+}
+std::span<const Spelling<Selection>> selection_spellings() {
+  return kSelectionSpellings;
+}
+
 const char* to_string(ExecutionMode mode) {
-  return spelling_of(kModeSpellings, mode);
+  return spelling_of(execution_mode_spellings(), mode);
 }
 const char* to_string(Route route) {
-  return spelling_of(kRouteSpellings, route);
+  return spelling_of(route_spellings(), route);
 }
 const char* to_string(AutoBudgetPolicy policy) {
-  return spelling_of(kPolicySpellings, policy);
+  return spelling_of(auto_budget_policy_spellings(), policy);
 }
 const char* to_string(Selection selection) {
-  return spelling_of(kSelectionSpellings, selection);
+  return spelling_of(selection_spellings(), selection);
 }
 
 Status parse_execution_mode(std::string_view text, ExecutionMode* out) {
-  return parse_spelling(kModeSpellings, "execution mode", text, out);
+  return parse_spelling(execution_mode_spellings(), "execution mode", text, out);
 }
 Status parse_route(std::string_view text, Route* out) {
-  return parse_spelling(kRouteSpellings, "route", text, out);
+  return parse_spelling(route_spellings(), "route", text, out);
 }
 Status parse_auto_budget_policy(std::string_view text, AutoBudgetPolicy* out) {
-  return parse_spelling(kPolicySpellings, "auto budget policy", text, out);
+  return parse_spelling(auto_budget_policy_spellings(), "auto budget policy", text, out);
 }
 Status parse_selection(std::string_view text, Selection* out) {
-  return parse_spelling(kSelectionSpellings, "selection", text, out);
+  return parse_spelling(selection_spellings(), "selection", text, out);
 }
 
 bool is_valid_safetensors_backend(std::string_view backend) {
@@ -449,7 +456,6 @@ Status validate_config(const DynamicOffloadConfig& config) {
       {"max_pin_weight_budget_gb", config.max_pin_weight_budget_gb, false},
       {"system_ram_headroom_gb", config.system_ram_headroom_gb, false},
       {"pin_weight_budget_gb", config.pin_weight_budget_gb, false},
-      {"pin_weight_budget_ratio", config.pin_weight_budget_ratio, false},
       {"resident_module_budget_gb", config.resident_module_budget_gb, false},
       {"staging_mb", config.staging_mb, false},
       {"prefetch_window_mb", config.prefetch_window_mb, false},
@@ -472,10 +478,11 @@ Status validate_config(const DynamicOffloadConfig& config) {
                     internal::str_cat(a.name, "=", a.value, " is negative; use a value >= 0"));
     }
   }
-  if (config.pin_weight_budget_ratio > 1.0) {
+  // The spec clamps the ratio to [0, 1] where it is used; only a value with no place on the line
+  // is an error.
+  if (std::isnan(config.pin_weight_budget_ratio)) {
     return Status(Code::kInvalidArgument,
-                  internal::str_cat("pin_weight_budget_ratio=", config.pin_weight_budget_ratio,
-                                    " is above 1; use a fraction in [0, 1]"));
+                  "pin_weight_budget_ratio is not a number; use a fraction in [0, 1]");
   }
   if (!is_valid_safetensors_backend(config.load_safetensors_backend)) {
     return Status(Code::kInvalidArgument,

@@ -75,48 +75,6 @@ std::string gib(std::int64_t bytes) {
   return fmt::format("{:.2f} GiB", to_gib(bytes));
 }
 
-// Local names: config.h declares to_string for these enums, but the planner must not depend on
-// where (or whether) the settings layer defines them.
-const char* mode_name(ExecutionMode mode) {
-  switch (mode) {
-    case ExecutionMode::kPlan:
-      return "plan";
-    case ExecutionMode::kLinearRuntime:
-      return "linear_runtime";
-    case ExecutionMode::kSdnqRuntime:
-      return "sdnq_runtime";
-  }
-  return "plan";
-}
-
-const char* route_name(Route route) {
-  switch (route) {
-    case Route::kDynamic:
-      return "dynamic";
-    case Route::kGroupBlock:
-      return "group_block";
-    case Route::kGroupLeaf:
-      return "group_leaf";
-    case Route::kDeviceMove:
-      return "device_move";
-    case Route::kNone:
-      return "none";
-  }
-  return "dynamic";
-}
-
-const char* selection_name(Selection selection) {
-  switch (selection) {
-    case Selection::kFirst:
-      return "first";
-    case Selection::kSpread:
-      return "spread";
-    case Selection::kLargest:
-      return "largest";
-  }
-  return "spread";
-}
-
 std::string regex_escape(std::string_view text) {
   static constexpr std::string_view kSpecial = R"(\^$.|?*+()[]{})";
   std::string out;
@@ -192,7 +150,7 @@ class Planner {
     return inv_.modules[ref.module].tensors[ref.tensor];
   }
 
-  void check_config() const;
+  void check_inputs() const;
   void index_parents();
   void mark_with_descendants(const CompiledPatterns& patterns, std::vector<bool>* flags,
                              std::vector<std::string>* matched) const;
@@ -236,28 +194,9 @@ class Planner {
   std::vector<TensorRef> streamed_;  // model order
 };
 
-void Planner::check_config() const {
-  DDO_CHECK(config_.small_tensor_threshold_bytes >= 0, Code::kInvalidArgument,
-            "small_tensor_threshold_bytes=", config_.small_tensor_threshold_bytes,
-            " is negative; use a value >= 0");
-  DDO_CHECK(
-      std::isfinite(config_.resident_module_budget_gb) && config_.resident_module_budget_gb >= 0,
-      Code::kInvalidArgument, "resident_module_budget_gb=", config_.resident_module_budget_gb,
-      " is negative or not finite; use GiB >= 0");
-  DDO_CHECK(std::isfinite(config_.max_resident_module_budget_gb) &&
-                config_.max_resident_module_budget_gb >= 0,
-            Code::kInvalidArgument,
-            "max_resident_module_budget_gb=", config_.max_resident_module_budget_gb,
-            " is negative or not finite; use GiB >= 0 (0 = uncapped)");
-  DDO_CHECK(std::isfinite(config_.pin_weight_budget_gb) && config_.pin_weight_budget_gb >= 0,
-            Code::kInvalidArgument, "pin_weight_budget_gb=", config_.pin_weight_budget_gb,
-            " is negative or not finite; use GiB >= 0");
-  DDO_CHECK(
-      std::isfinite(config_.max_pin_weight_budget_gb) && config_.max_pin_weight_budget_gb >= 0,
-      Code::kInvalidArgument, "max_pin_weight_budget_gb=", config_.max_pin_weight_budget_gb,
-      " is negative or not finite; use GiB >= 0 (0 = none)");
-  DDO_CHECK(!std::isnan(config_.pin_weight_budget_ratio), Code::kInvalidArgument,
-            "pin_weight_budget_ratio is not a number; use a value in [0, 1]");
+void Planner::check_inputs() const {
+  // The config's rules live in one place, validate_config; only the context is checked here.
+  throw_if_error(validate_config(config_));
   DDO_CHECK(!ctx_.profile_budget_bytes || *ctx_.profile_budget_bytes >= 0, Code::kInvalidArgument,
             "profile budget of ", ctx_.profile_budget_bytes.value_or(0),
             " bytes is negative; the caller must clamp the recommendation at 0");
@@ -624,7 +563,7 @@ void Planner::resolve_resident_budget() {
   if (config_.auto_budget_policy != AutoBudgetPolicy::kBalanced) {
     plan_.resident_budget_bytes = 0;
     decide("resident_budget_none",
-           {{"auto_budget_policy", "off"},
+           {{"auto_budget_policy", to_string(config_.auto_budget_policy)},
             {"resident_module_budget_gb", config_.resident_module_budget_gb},
             {"candidate_bytes", candidates}},
            "no manual budget, no profile and the auto policy is off: budget 0");
@@ -721,8 +660,8 @@ void Planner::select_residents() {
     resident_[m] = !skipped_[m] && !always_resident_[m] && flagged_or_ancestor(m, chosen_flag);
   }
   decide("resident_selection",
-         {{"selection", balanced ? "spread (balanced by measured compute)"
-                                 : selection_name(config_.resident_module_selection)},
+         {{"selection", to_string(config_.resident_module_selection)},
+          {"balanced_by_measured_compute", balanced},
           {"candidates", candidates_.size()},
           {"candidate_bytes", plan_.resident_candidate_bytes},
           {"budget_bytes", budget},
@@ -732,7 +671,7 @@ void Planner::select_residents() {
           {"chosen_modules", names_json(chosen_names)}},
          fmt::format("{} of {} candidates resident ({} of budget {}, {})", chosen.size(),
                      candidates_.size(), gib(plan_.resident_used_bytes), gib(budget),
-                     selection_name(config_.resident_module_selection)));
+                     to_string(config_.resident_module_selection)));
 }
 
 void Planner::assign_placements() {
@@ -1050,7 +989,7 @@ void Planner::build_stream_units() {
   std::int64_t largest = 0;
   for (const StreamUnit& u : units) largest = std::max(largest, u.bytes);
   decide("stream_units",
-         {{"route", route_name(config_.route)},
+         {{"route", to_string(config_.route)},
           {"units", units.size()},
           {"streamed_bytes", plan_.streamed_bytes},
           {"largest_unit_bytes", largest}},
@@ -1074,14 +1013,14 @@ void Planner::plan_whole_route() {
     (keep ? plan_.skipped_bytes : plan_.move_once_bytes) += mod.bytes();
   }
   decide(move ? "route_device_move" : "route_none",
-         {{"route", route_name(config_.route)}, {"bytes", inv_.total_bytes()}},
+         {{"route", to_string(config_.route)}, {"bytes", inv_.total_bytes()}},
          move ? "the whole component moves to the device once"
               : "the component is left where the host put it");
 }
 
 Plan Planner::run() {
   throw_if_error(inv_.validate());
-  check_config();
+  check_inputs();
   plan_.mode = config_.execution_mode;
   plan_.route = config_.route;
   plan_.execute = config_.execution_mode != ExecutionMode::kPlan;
@@ -1095,7 +1034,9 @@ Plan Planner::run() {
            "the model has SDNQ layers: their packed tensors stream with the sdnq_runtime rules");
   }
   if (config_.execution_mode == ExecutionMode::kPlan) {
-    decide("plan_mode", {{"classified_as", plan_.sdnq ? "sdnq_runtime" : "linear_runtime"}},
+    decide("plan_mode",
+           {{"classified_as",
+             to_string(plan_.sdnq ? ExecutionMode::kSdnqRuntime : ExecutionMode::kLinearRuntime)}},
            "plan mode: placements are reported, nothing is moved");
   }
   index_parents();
@@ -1303,8 +1244,8 @@ nlohmann::json Plan::to_json() const {
   for (const Decision& d : decisions) {
     decisions_json.push_back({{"name", d.name}, {"inputs", d.inputs}, {"detail", d.detail}});
   }
-  return {{"mode", mode_name(mode)},
-          {"route", route_name(route)},
+  return {{"mode", to_string(mode)},
+          {"route", to_string(route)},
           {"execute", execute},
           {"sdnq", sdnq},
           {"block_pattern", block_pattern},
@@ -1331,7 +1272,7 @@ nlohmann::json Plan::to_json() const {
 std::string Plan::summary() const {
   std::size_t counts[4] = {0, 0, 0, 0};
   for (const ModulePlan& m : modules) ++counts[static_cast<int>(m.placement)];
-  std::string out = fmt::format("ddo plan: {}, route {}{}{}\n", mode_name(mode), route_name(route),
+  std::string out = fmt::format("ddo plan: {}, route {}{}{}\n", to_string(mode), to_string(route),
                                 execute ? "" : " (report only)", sdnq ? ", sdnq" : "");
   out += fmt::format("  modules: {} resident, {} streamed, {} device-once, {} skipped\n", counts[0],
                      counts[1], counts[2], counts[3]);

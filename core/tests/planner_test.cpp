@@ -1033,6 +1033,62 @@ TEST(PlannerReport, SamePlanTwice) {
   EXPECT_EQ(make_plan(copy, config, ctx).to_json().dump(), a.to_json().dump());
 }
 
+// Every enum the plan writes (its mode and route, and the enum-valued inputs of decisions) reads
+// back with config.h's parsers, so a saved plan or report can be fed to ddo again.
+TEST(PlannerReport, EveryEnumInThePlanJsonParsesBack) {
+  const ModelInventory dense = flux_inventory({.double_blocks = 2, .single_blocks = 2});
+  const ModelInventory quantized =
+      flux_inventory({.double_blocks = 2, .single_blocks = 2, .sdnq = true});
+  std::size_t checked = 0;
+  for (const auto& mode : execution_mode_spellings()) {
+    for (const auto& route : route_spellings()) {
+      for (const auto& selection : selection_spellings()) {
+        for (const auto& policy : auto_budget_policy_spellings()) {
+          DynamicOffloadConfig config = linear_config();
+          config.execution_mode = mode.value;
+          config.route = route.value;
+          config.resident_module_selection = selection.value;
+          config.auto_budget_policy = policy.value;
+          config.pin_cpu_memory = true;
+          PlanContext ctx;
+          ctx.total_vram_bytes = 8 * kGB;
+          ctx.candidate_compute_ms = {{"transformer_blocks.0", 1.0}};  // incomplete: by index
+          const ModelInventory& inv = mode.value == ExecutionMode::kSdnqRuntime ? quantized : dense;
+          const nlohmann::json j = make_plan(inv, config, ctx).to_json();
+          ExecutionMode parsed_mode{};
+          ASSERT_TRUE(parse_execution_mode(j.at("mode").get<std::string>(), &parsed_mode).ok())
+              << j.at("mode");
+          Route parsed_route{};
+          ASSERT_TRUE(parse_route(j.at("route").get<std::string>(), &parsed_route).ok())
+              << j.at("route");
+          EXPECT_EQ(parsed_route, route.value);
+          ++checked;
+          for (const nlohmann::json& d : j.at("decisions")) {
+            const nlohmann::json& in = d.at("inputs");
+            auto parses = [&](const char* key, auto parse, auto* out) {
+              if (!in.is_object() || !in.contains(key)) return;
+              const Status s = parse(in.at(key).get<std::string>(), out);
+              EXPECT_TRUE(s.ok()) << d.at("name") << "." << key << ": " << s.message();
+              ++checked;
+            };
+            Route r{};
+            ExecutionMode m{};
+            Selection sel{};
+            AutoBudgetPolicy p{};
+            parses("route", parse_route, &r);
+            parses("requested", parse_execution_mode, &m);
+            parses("classified_as", parse_execution_mode, &m);
+            parses("selection", parse_selection, &sel);
+            parses("auto_budget_policy", parse_auto_budget_policy, &p);
+          }
+        }
+      }
+    }
+  }
+  // Plans, plus at least one enum-valued decision input in most of them.
+  EXPECT_GT(checked, 2u * 3 * 5 * 3 * 2);
+}
+
 TEST(PlannerReport, NegativeManualBudgetIsAnError) {
   DynamicOffloadConfig config = linear_config();
   config.resident_module_budget_gb = -1;

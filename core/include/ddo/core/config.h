@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -121,6 +122,21 @@ struct DynamicOffloadConfig {
 
 // The spellings of the spec: plan, linear_runtime, sdnq_runtime; dynamic, group_block,
 // group_leaf, device, none; off, balanced; first, spread, largest.
+//
+// One table per enum (config.cpp) is the only place a spelling is written: `to_string`, the
+// `parse_*` functions, the config JSON, the plan's JSON and report, and the settings reader all go
+// through it, so whatever ddo writes reads back (`parse_route(to_string(r))` gives r for every r).
+template <typename E>
+struct Spelling {
+  const char* name;
+  E value;
+};
+// Every value of each enum with its spelling, in the order error messages list them.
+std::span<const Spelling<ExecutionMode>> execution_mode_spellings();
+std::span<const Spelling<Route>> route_spellings();
+std::span<const Spelling<AutoBudgetPolicy>> auto_budget_policy_spellings();
+std::span<const Spelling<Selection>> selection_spellings();
+
 const char* to_string(ExecutionMode mode);
 const char* to_string(Route route);
 const char* to_string(AutoBudgetPolicy policy);
