@@ -70,7 +70,7 @@ echo "== w2_py" >>"$LOG"
 timeout "$left" "$PY" "$ROOT/bench/python/w2_py.py" --size "$size" "${dev[@]}" \
   ${DDO_W2_CAPS:+--caps "$DDO_W2_CAPS"} ${DDO_W2_VARIANTS:+--variants "$DDO_W2_VARIANTS"} \
   ${DDO_W2_ROUTES:+--routes "$DDO_W2_ROUTES"} --steps "${DDO_W2_STEPS:-5}" \
-  --out "$W2OUT" --commit "$DDO_COMMIT" ${DDO_W2_ARGS:-} >>"$LOG" 2>&1
+  --deadline-s $((left - 40)) --out "$W2OUT" --commit "$DDO_COMMIT" ${DDO_W2_ARGS:-} >>"$LOG" 2>&1
 rc=$?
 [ $rc = 124 ] && say "w2_py ran out of its ${left} s: the rows written so far are in w2.json and w2.md"
 say "w2_py rc=$rc"

@@ -37,8 +37,8 @@ rows on the host simulation, resident rows on the CPU, the group route on the CP
 streams as a smoke test), --quant-mode device|host (device: quantize the model where it was
 built, on the GPU, then move it to the host; host: move bf16 to the host first and let sdnq
 quantize layer by layer with quantization_device=cuda, return_device=cpu), --group-size,
---quantized-matmul, --overrides JSON, --sample-ms, --child-timeout, --out DIR (w2.json, w2.md,
-env.json), --commit SHA. Profiles go to a fresh temporary directory (DDO_PROFILE_DIR).
+--quantized-matmul, --overrides JSON, --sample-ms, --child-timeout, --deadline-s, --out DIR
+(w2.json, w2.md, env.json), --commit SHA. Profiles go to a fresh temporary directory (DDO_PROFILE_DIR).
 """
 
 from __future__ import annotations
@@ -360,7 +360,8 @@ def table(result: dict) -> str:
         cap = "none" if r.get("cap_gib") is None else f"{r['cap_gib']:g}"
         route = {"group": "sdnq + diffusers leaf"}.get(r["route"], r["route"])
         if r.get("error") and r.get("median_step_s") is None:
-            lines.append(f"| {r['variant']} | {cap} | {route} | failed: "
+            what = "" if r["error"].startswith("skipped") else "failed: "
+            lines.append(f"| {r['variant']} | {cap} | {route} | {what}"
                          f"{r['error'][:100].replace('|', '/')} |" + " - |" * 10)
             continue
         med = fmt(r.get("median_step_s"), ".3f")
@@ -430,6 +431,9 @@ def parse_args(argv=None):
     p.add_argument("--child-timeout", type=float, default=240.0)
     p.add_argument("--overrides", default="{}",
                    help="JSON object of config fields for every ddo row")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="seconds after the start past which rows are listed as skipped, not "
+                        "started (a time-limited call still ends with a complete table)")
     p.add_argument("--out", default="w2-out", help="folder for w2.json, w2.md, env.json")
     p.add_argument("--commit", default=None)
     p.add_argument("--only-route", choices=("group",), help=argparse.SUPPRESS)
@@ -552,9 +556,16 @@ def main(argv=None) -> int:
 
     def add(variant: str, route: str, cap, preset, fn, *fn_args) -> dict:
         label = f"{variant} {route}" + ("" if cap is None else f"@{cap:g}")
-        log(f"{label}: start")
         t0 = time.perf_counter()
         row = base_row(variant, route, cap, preset)
+        if args.deadline_s and time.time() - T0 > args.deadline_s:
+            # Listed, not run: the table says what the time limit left out.
+            row["error"] = f"skipped: past --deadline-s {args.deadline_s:g}"
+            result["rows"].append(row)
+            save()
+            log(f"{label}: {row['error']}")
+            return row
+        log(f"{label}: start")
         try:
             fn(ctx, row, *fn_args)
         except Exception as e:  # an OOM at a cap is a result, not a crash
@@ -606,6 +617,9 @@ def main(argv=None) -> int:
 
     def one_variant(variant: str) -> None:
         t0 = time.perf_counter()
+        if args.deadline_s and time.time() - T0 > args.deadline_s:
+            add(variant, "all rows", None, None, None)  # listed as skipped
+            return
         on_device = cuda and args.quant_mode == "device"
         model, build_s = bc.build_on_device(args.size, dev)  # on the GPU: seconds, not minutes
         log(f"{variant}: built FluxTransformer2DModel ({args.size}) on {dev} in {build_s:.1f} s: "
