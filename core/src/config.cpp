@@ -9,8 +9,10 @@
 #include <type_traits>
 #include <variant>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "config_fields.h"
 #include "text.h"
 
 namespace ddo::core {
@@ -70,67 +72,344 @@ Status parse_spelling(std::span<const Spelling<E>> table, const char* what, std:
                                                           valid, "; use one of those spellings"));
 }
 
+}  // namespace
+
 // Note [Config field table]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// One table drives `config_field_names`, `config_to_json` and `apply_overrides`, so a field added
-// to the struct and to this table is named, serialised and overridable consistently. The table is
-// a function-local constexpr array (no static constructors); member pointers carry the type, so
-// each field's JSON type check follows from its C++ type.
-using FieldRef =
-    std::variant<bool DynamicOffloadConfig::*, int DynamicOffloadConfig::*,
-                 std::int64_t DynamicOffloadConfig::*, double DynamicOffloadConfig::*,
-                 std::optional<double> DynamicOffloadConfig::*, std::string DynamicOffloadConfig::*,
-                 std::vector<std::string> DynamicOffloadConfig::*,
-                 ExecutionMode DynamicOffloadConfig::*, Route DynamicOffloadConfig::*,
-                 AutoBudgetPolicy DynamicOffloadConfig::*, Selection DynamicOffloadConfig::*>;
+// One table (config_fields.h) says, for every field of DynamicOffloadConfig, its spec name, its
+// DDO_ variable (or none: code only), and for a number its unit and range. Everything that reads
+// or checks a config is derived from it: `config_field_names`, `config_to_json`,
+// `apply_overrides` (type from the member pointer, range from the table), `validate_config`, and
+// the environment reader in settings.cpp. So a field added to the struct and to this table is
+// named, serialised, overridable, read from its variable and range-checked the same way, and an
+// out-of-range figure is an error that names where it came from (the DDO_ variable, the override
+// key or the config field) and the range, whichever way it arrived.
+//
+// Ranges. Memory figures are bounded by kMaxMemoryGiB (64 TiB): more than any machine ddo plans
+// for, and 2^46 bytes, so no figure and no sum of a few of them can leave int64 (a GiB figure of
+// 1.6e10 once became -2^63 bytes through an undefined float-to-int cast). The simulated copy rate
+// has a floor (a rate of 1e-9 GB/s turned one copy into a hang) and 0 = unthrottled. The ratio is
+// the one clamped field, as the spec says: out of [0, 1] it is clamped with a warning.
+// The table is a function-local constexpr array (no static constructors).
+namespace fields {
+namespace {
 
-struct Field {
-  const char* name;
-  FieldRef ref;
-};
+constexpr double kMaxMemoryGiB = 65536.0;
+constexpr double kMaxMemoryMiB = kMaxMemoryGiB * 1024.0;
+constexpr double kMaxMemoryBytes = kMaxMemoryGiB * kGiB;
+constexpr double kMinSimCopyGbps = 0.1;  // 1 GiB in about 11 s
+constexpr double kMaxSimCopyGbps = 10000.0;
+constexpr double kMaxPinWorkers = 1024;
 
 using C = DynamicOffloadConfig;
+
+constexpr Field gib(const char* name, double C::*ref, const char* env) {
+  return {.name = name, .ref = ref, .env = env, .unit = "GiB", .min = 0, .max = kMaxMemoryGiB};
+}
+
 constexpr auto kFields = std::to_array<Field>({
-    {"execution_device", &C::execution_device},
-    {"offload_device", &C::offload_device},
-    {"skip_modules_pattern", &C::skip_modules_pattern},
-    {"always_resident_modules_pattern", &C::always_resident_modules_pattern},
-    {"small_tensor_threshold_bytes", &C::small_tensor_threshold_bytes},
-    {"execution_mode", &C::execution_mode},
-    {"route", &C::route},
-    {"pin_cpu_memory", &C::pin_cpu_memory},
-    {"allow_pin_memory_fallback", &C::allow_pin_memory_fallback},
-    {"pin_cpu_workers", &C::pin_cpu_workers},
-    {"cache_plan", &C::cache_plan},
-    {"cache_pinned_weights", &C::cache_pinned_weights},
-    {"pinned_weight_cache_namespace", &C::pinned_weight_cache_namespace},
-    {"auto_budget_policy", &C::auto_budget_policy},
-    {"max_resident_module_budget_gb", &C::max_resident_module_budget_gb},
-    {"auto_vram_headroom_gb", &C::auto_vram_headroom_gb},
-    {"profile_vram_headroom_gb", &C::profile_vram_headroom_gb},
-    {"max_pin_weight_budget_gb", &C::max_pin_weight_budget_gb},
-    {"available_system_ram_gb", &C::available_system_ram_gb},
-    {"system_ram_headroom_gb", &C::system_ram_headroom_gb},
-    {"pin_weight_budget_gb", &C::pin_weight_budget_gb},
-    {"pin_weight_budget_ratio", &C::pin_weight_budget_ratio},
-    {"pin_weight_selection", &C::pin_weight_selection},
-    {"resident_module_selection", &C::resident_module_selection},
-    {"resident_module_budget_gb", &C::resident_module_budget_gb},
-    {"resident_module_patterns", &C::resident_module_patterns},
-    {"profile_name", &C::profile_name},
-    {"build_profile", &C::build_profile},
-    {"load_safetensors_backend", &C::load_safetensors_backend},
-    {"verbose", &C::verbose},
-    {"show_profile", &C::show_profile},
-    {"disable_pin_on_wsl", &C::disable_pin_on_wsl},
-    {"use_side_streams", &C::use_side_streams},
-    {"staging_mb", &C::staging_mb},
-    {"prefetch_window_mb", &C::prefetch_window_mb},
-    {"vram_cap_gb", &C::vram_cap_gb},
-    {"sim_device_capacity_gb", &C::sim_device_capacity_gb},
-    {"sim_copy_gbps", &C::sim_copy_gbps},
-    {"sim_pinnable_gb", &C::sim_pinnable_gb},
+    {.name = "execution_device", .ref = &C::execution_device},
+    {.name = "offload_device", .ref = &C::offload_device},
+    {.name = "skip_modules_pattern", .ref = &C::skip_modules_pattern, .check = Check::kPatterns},
+    {.name = "always_resident_modules_pattern",
+     .ref = &C::always_resident_modules_pattern,
+     .env = "DDO_ALWAYS_RESIDENT_MODULE_PATTERNS",
+     .check = Check::kPatterns},
+    {.name = "small_tensor_threshold_bytes",
+     .ref = &C::small_tensor_threshold_bytes,
+     .env = "DDO_SMALL_TENSOR_THRESHOLD_KB",
+     .unit = "bytes",
+     .min = 0,
+     .max = kMaxMemoryBytes,
+     .env_scale = kKiB,
+     .env_unit = "KiB"},
+    {.name = "execution_mode", .ref = &C::execution_mode, .env = "DDO_EXECUTION_MODE"},
+    {.name = "route", .ref = &C::route},
+    {.name = "pin_cpu_memory", .ref = &C::pin_cpu_memory, .env = "DDO_PIN_CPU_MEMORY"},
+    {.name = "allow_pin_memory_fallback",
+     .ref = &C::allow_pin_memory_fallback,
+     .env = "DDO_ALLOW_PIN_MEMORY_FALLBACK"},
+    {.name = "pin_cpu_workers",
+     .ref = &C::pin_cpu_workers,
+     .env = "DDO_PIN_CPU_WORKERS",
+     .unit = "a thread count",
+     .min = 1,
+     .max = kMaxPinWorkers},
+    {.name = "cache_plan", .ref = &C::cache_plan, .env = "DDO_CACHE_PLAN"},
+    {.name = "cache_pinned_weights",
+     .ref = &C::cache_pinned_weights,
+     .env = "DDO_CACHE_PINNED_WEIGHTS"},
+    {.name = "pinned_weight_cache_namespace",
+     .ref = &C::pinned_weight_cache_namespace,
+     .env = "DDO_PINNED_WEIGHT_CACHE_NAMESPACE"},
+    {.name = "auto_budget_policy", .ref = &C::auto_budget_policy, .env = "DDO_AUTO_BUDGET_POLICY"},
+    gib("max_resident_module_budget_gb", &C::max_resident_module_budget_gb,
+        "DDO_MAX_RESIDENT_MODULE_BUDGET_GB"),
+    gib("auto_vram_headroom_gb", &C::auto_vram_headroom_gb, "DDO_AUTO_VRAM_HEADROOM_GB"),
+    gib("profile_vram_headroom_gb", &C::profile_vram_headroom_gb, "DDO_PROFILE_VRAM_HEADROOM_GB"),
+    gib("max_pin_weight_budget_gb", &C::max_pin_weight_budget_gb, "DDO_MAX_PIN_WEIGHT_BUDGET_GB"),
+    {.name = "available_system_ram_gb",
+     .ref = &C::available_system_ram_gb,
+     .env = "DDO_AVAILABLE_SYSTEM_RAM_GB",
+     .unit = "GiB",
+     .min = 0,
+     .max = kMaxMemoryGiB},
+    gib("system_ram_headroom_gb", &C::system_ram_headroom_gb, "DDO_SYSTEM_RAM_HEADROOM_GB"),
+    gib("pin_weight_budget_gb", &C::pin_weight_budget_gb, "DDO_PIN_WEIGHT_BUDGET_GB"),
+    {.name = "pin_weight_budget_ratio",
+     .ref = &C::pin_weight_budget_ratio,
+     .env = "DDO_PIN_WEIGHT_BUDGET_RATIO",
+     .unit = "a fraction",
+     .min = 0,
+     .max = 1,
+     .clamp = true},
+    {.name = "pin_weight_selection",
+     .ref = &C::pin_weight_selection,
+     .env = "DDO_PIN_WEIGHT_SELECTION"},
+    {.name = "resident_module_selection",
+     .ref = &C::resident_module_selection,
+     .env = "DDO_RESIDENT_MODULE_SELECTION"},
+    gib("resident_module_budget_gb", &C::resident_module_budget_gb,
+        "DDO_RESIDENT_MODULE_BUDGET_GB"),
+    {.name = "resident_module_patterns",
+     .ref = &C::resident_module_patterns,
+     .env = "DDO_RESIDENT_MODULE_PATTERNS",
+     .check = Check::kPatternsOrAuto},
+    {.name = "profile_name", .ref = &C::profile_name},
+    {.name = "build_profile", .ref = &C::build_profile},
+    {.name = "load_safetensors_backend",
+     .ref = &C::load_safetensors_backend,
+     .env = "DDO_LOAD_SAFETENSORS_BACKEND",
+     .env_alias = "DDO_SAFETENSORS_BACKEND",
+     .check = Check::kSafetensorsBackend},
+    {.name = "verbose", .ref = &C::verbose, .env = "DDO_VERBOSE"},
+    {.name = "show_profile", .ref = &C::show_profile, .env = "DDO_SHOW_PROFILE"},
+    {.name = "disable_pin_on_wsl", .ref = &C::disable_pin_on_wsl, .env = "DDO_DISABLE_PIN_ON_WSL"},
+    {.name = "use_side_streams", .ref = &C::use_side_streams},
+    {.name = "staging_mb",
+     .ref = &C::staging_mb,
+     .env = "DDO_STAGING_MB",
+     .unit = "MiB",
+     .min = 0,
+     .max = kMaxMemoryMiB},
+    {.name = "prefetch_window_mb",
+     .ref = &C::prefetch_window_mb,
+     .env = "DDO_PREFETCH_WINDOW_MB",
+     .unit = "MiB",
+     .min = 0,
+     .max = kMaxMemoryMiB},
+    gib("vram_cap_gb", &C::vram_cap_gb, "DDO_VRAM_CAP_GB"),
+    gib("sim_device_capacity_gb", &C::sim_device_capacity_gb, "DDO_SIM_DEVICE_GB"),
+    {.name = "sim_copy_gbps",
+     .ref = &C::sim_copy_gbps,
+     .env = "DDO_SIM_COPY_GBPS",
+     .unit = "GB/s",
+     .min = kMinSimCopyGbps,
+     .max = kMaxSimCopyGbps,
+     .zero_is_off = true},
+    // < 0 = no limit.
+    {.name = "sim_pinnable_gb",
+     .ref = &C::sim_pinnable_gb,
+     .env = "DDO_SIM_PINNABLE_GB",
+     .unit = "GiB",
+     .min = -kMaxMemoryGiB,
+     .max = kMaxMemoryGiB},
 });
+
+bool is_number_field(const Field& field) {
+  return field.unit != nullptr;
+}
+
+// The number a field holds, when it holds one (an unset optional holds none).
+std::optional<double> number_of(const DynamicOffloadConfig& config, const Field& field) {
+  return std::visit(
+      [&](auto member) -> std::optional<double> {
+        using T = std::remove_cv_t<std::remove_reference_t<decltype(config.*member)>>;
+        const T& slot = config.*member;
+        if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::int64_t> ||
+                      std::is_same_v<T, double>) {
+          return static_cast<double>(slot);
+        } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+          return slot;
+        } else {
+          return std::nullopt;
+        }
+      },
+      field.ref);
+}
+
+// A figure as users write it: 65536, 0.1, 6.8719476736e+10 (shortest round trip).
+std::string figure(double value) {
+  return fmt::format("{}", value);
+}
+
+// Note [Pattern limits]
+// ~~~~~~~~~~~~~~~~~~~~~
+// std::regex compiles by recursive descent: each nested group, and each term of a sequence, costs
+// stack frames, so a pattern of about 20,000 nested parentheses overflowed the stack and killed
+// the process instead of raising an error. Patterns are checked against these limits before they
+// are compiled anywhere (check_module_pattern is the one place). Measured with libstdc++ and an
+// 8 MiB stack: 20,000 nested groups crash an ordinary build, 20,000 plain characters crash an
+// ASan build (10,000 do not). Module patterns are a few dotted names or a short alternation;
+// 1,000 characters and 32 levels of grouping leave room for any real one and a tenfold margin
+// for smaller thread stacks.
+constexpr std::size_t kMaxPatternLength = 1000;
+constexpr std::size_t kMaxPatternNesting = 32;
+
+// The deepest nesting of ( and [ in `pattern`, outside escapes and character classes.
+std::size_t nesting_depth(std::string_view pattern) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_class = false;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      ++i;  // the escaped character is a literal
+      continue;
+    }
+    if (in_class) {
+      if (c == ']') {
+        in_class = false;
+        --depth;
+      }
+      continue;
+    }
+    if (c == '[') {
+      in_class = true;
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '(') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ')' && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
+std::span<const Field> config_fields() {
+  return kFields;
+}
+
+const Field* find_field(std::string_view name) {
+  for (const Field& field : kFields) {
+    if (name == field.name) return &field;
+  }
+  return nullptr;
+}
+
+std::string range_problem(const Field& field, double value, bool in_env_unit) {
+  DDO_ASSERT(is_number_field(field), field.name, " is not a number field");
+  const bool scaled = in_env_unit && field.env_unit != nullptr;
+  const double scale = scaled ? field.env_scale : 1.0;
+  const char* unit = scaled ? field.env_unit : field.unit;
+  const std::string range =
+      fmt::format("{} in [{}, {}]{}", unit, figure(field.min / scale), figure(field.max / scale),
+                  field.zero_is_off ? " or 0 (off)" : "");
+  if (std::isnan(value)) return "is not a finite number; use " + range;
+  if (field.clamp) return {};
+  if (!std::isfinite(value)) return "is not a finite number; use " + range;
+  const double v = value * scale;
+  if (v >= field.min && v <= field.max) return {};
+  if (field.zero_is_off && v == 0) return {};
+  if (v < 0 && field.min >= 0) return "is negative; use " + range;
+  return "is out of range; use " + range;
+}
+
+bool needs_clamp(const Field& field, double figure) {
+  return field.clamp && !std::isnan(figure) && (figure < field.min || figure > field.max);
+}
+
+double clamped(const Field& field, double figure) {
+  return std::clamp(figure, field.min, field.max);
+}
+
+Status check_module_pattern(std::string_view source, std::size_t index,
+                            const std::string& pattern) {
+  if (pattern.size() > kMaxPatternLength) {
+    return Status(
+        Code::kInvalidArgument,
+        internal::str_cat(source, "[", index, "] is ", pattern.size(),
+                          " characters long; a module pattern may have at most ", kMaxPatternLength,
+                          " (Note [Pattern limits]): list several "
+                          "shorter patterns instead of one long alternation"));
+  }
+  const std::size_t depth = nesting_depth(pattern);
+  if (depth > kMaxPatternNesting) {
+    return Status(Code::kInvalidArgument,
+                  internal::str_cat(source, "[", index, "] nests groups ", depth,
+                                    " deep; a module pattern may nest at most ", kMaxPatternNesting,
+                                    " deep; write it with fewer parentheses"));
+  }
+  try {
+    std::regex compiled(pattern, std::regex::ECMAScript);
+    (void)compiled;
+  } catch (const std::regex_error& e) {
+    return Status(Code::kInvalidArgument,
+                  internal::str_cat(source, "[", index, "]=\"", pattern,
+                                    "\" is not a valid regular expression (ECMAScript syntax: ",
+                                    e.what(), "); fix or escape it"));
+  }
+  return Status::ok_status();
+}
+
+Status check_field(const DynamicOffloadConfig& config, const Field& field,
+                   std::string_view source) {
+  if (is_number_field(field)) {
+    if (const std::optional<double> value = number_of(config, field)) {
+      const std::string problem = range_problem(field, *value);
+      if (!problem.empty()) {
+        return Status(Code::kInvalidArgument, internal::str_cat(source, "=", *value, " ", problem));
+      }
+    }
+    return Status::ok_status();
+  }
+  switch (field.check) {
+    case Check::kNone:
+      return Status::ok_status();
+    case Check::kSafetensorsBackend: {
+      const std::string& backend = config.*std::get<std::string C::*>(field.ref);
+      if (is_valid_safetensors_backend(backend)) return Status::ok_status();
+      return Status(Code::kInvalidArgument,
+                    internal::str_cat(source, "=\"", backend,
+                                      "\" is not a safetensors backend; use mmap, pread, or \"\" "
+                                      "(ddo's choice)"));
+    }
+    case Check::kPatterns:
+    case Check::kPatternsOrAuto: {
+      const auto& patterns = config.*std::get<std::vector<std::string> C::*>(field.ref);
+      for (std::size_t i = 0; i < patterns.size(); ++i) {
+        if (field.check == Check::kPatternsOrAuto &&
+            (patterns[i] == "auto" || patterns[i] == "auto_all")) {
+          continue;
+        }
+        DDO_RETURN_IF_ERROR(check_module_pattern(source, i, patterns[i]));
+      }
+      return Status::ok_status();
+    }
+  }
+  return Status::ok_status();
+}
+
+std::optional<std::string> clamp_field(DynamicOffloadConfig* config, const Field& field,
+                                       std::string_view source) {
+  if (!field.clamp) return std::nullopt;
+  double& slot = config->*std::get<double C::*>(field.ref);
+  if (!needs_clamp(field, slot)) return std::nullopt;
+  const double before = slot;
+  slot = clamped(field, slot);
+  return internal::str_cat(source, "=", before, " is outside [", figure(field.min), ", ",
+                           figure(field.max), "]; clamped to ", figure(slot));
+}
+
+}  // namespace fields
+
+namespace {
+
+using fields::Field;
+using fields::find_field;
+using fields::kFields;
+using C = DynamicOffloadConfig;
 
 template <typename E>
 json enum_json(E value) {
@@ -156,7 +435,7 @@ Status type_error(const char* field, const char* expected, const json& value) {
                                   value.type_name(), " ", value.dump()));
 }
 
-// Sets one field from a JSON value, checking its type. Range checks happen in validate_config.
+// Sets one field from a JSON value, checking its type. The caller checks the range (check_field).
 Status set_field(DynamicOffloadConfig* config, const Field& field, const json& value) {
   return std::visit(
       [&](auto member) -> Status {
@@ -286,37 +565,6 @@ std::optional<std::string> suggest_field(std::string_view unknown) {
   return std::nullopt;
 }
 
-const Field* find_field(std::string_view name) {
-  for (const Field& field : kFields) {
-    if (name == field.name) return &field;
-  }
-  return nullptr;
-}
-
-bool is_valid_regex(const std::string& pattern) {
-  try {
-    std::regex compiled(pattern, std::regex::ECMAScript);
-    (void)compiled;
-    return true;
-  } catch (const std::regex_error&) {
-    return false;
-  }
-}
-
-Status check_patterns(const char* field, const std::vector<std::string>& patterns,
-                      bool allow_auto) {
-  for (std::size_t i = 0; i < patterns.size(); ++i) {
-    if (allow_auto && patterns[i] == "auto") continue;
-    if (!is_valid_regex(patterns[i])) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(field, "[", i, "]=\"", patterns[i],
-                                      "\" is not a valid regular expression (ECMAScript "
-                                      "syntax); fix or escape it"));
-    }
-  }
-  return Status::ok_status();
-}
-
 }  // namespace
 
 std::span<const Spelling<ExecutionMode>> execution_mode_spellings() {
@@ -389,7 +637,8 @@ nlohmann::json config_to_json(const DynamicOffloadConfig& config) {
   return out;
 }
 
-Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& object) {
+Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& object,
+                       std::vector<std::string>* warnings) {
   DDO_ASSERT(config != nullptr);
   if (object.is_null()) return Status::ok_status();
   if (!object.is_object()) {
@@ -421,80 +670,36 @@ Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& objec
   }
 
   DynamicOffloadConfig updated = *config;
+  std::vector<std::string> clamp_warnings;
   for (auto it = object.begin(); it != object.end(); ++it) {
-    DDO_RETURN_IF_ERROR(set_field(&updated, *find_field(it.key()), it.value()));
-  }
-  if (!std::isnan(updated.pin_weight_budget_ratio)) {
-    updated.pin_weight_budget_ratio = std::clamp(updated.pin_weight_budget_ratio, 0.0, 1.0);
+    const Field& field = *find_field(it.key());
+    DDO_RETURN_IF_ERROR(set_field(&updated, field, it.value()));
+    // The message names the override key, not only the field (Note [Config field table]).
+    const std::string source = "override " + it.key();
+    DDO_RETURN_IF_ERROR(fields::check_field(updated, field, source));
+    if (auto warning = fields::clamp_field(&updated, field, source)) {
+      clamp_warnings.push_back(std::move(*warning));
+    }
   }
   DDO_RETURN_IF_ERROR(validate_config(updated));
   *config = std::move(updated);
+  if (warnings != nullptr) {
+    warnings->insert(warnings->end(), clamp_warnings.begin(), clamp_warnings.end());
+  }
   return Status::ok_status();
 }
 
 Status validate_config(const DynamicOffloadConfig& config) {
-  if (config.pin_cpu_workers < 1) {
-    return Status(Code::kInvalidArgument,
-                  internal::str_cat("pin_cpu_workers=", config.pin_cpu_workers,
-                                    " must be at least 1; use 1 for a single pinning thread"));
+  for (const Field& field : kFields) {
+    DDO_RETURN_IF_ERROR(
+        fields::check_field(config, field, internal::str_cat("config field ", field.name)));
   }
-  if (config.small_tensor_threshold_bytes < 0) {
-    return Status(
-        Code::kInvalidArgument,
-        internal::str_cat("small_tensor_threshold_bytes=", config.small_tensor_threshold_bytes,
-                          " is negative; use 0 or a positive byte count"));
-  }
-  struct Amount {
-    const char* name;
-    double value;
-    bool may_be_negative;
-  };
-  std::vector<Amount> amounts = {
-      {"max_resident_module_budget_gb", config.max_resident_module_budget_gb, false},
-      {"auto_vram_headroom_gb", config.auto_vram_headroom_gb, false},
-      {"profile_vram_headroom_gb", config.profile_vram_headroom_gb, false},
-      {"max_pin_weight_budget_gb", config.max_pin_weight_budget_gb, false},
-      {"system_ram_headroom_gb", config.system_ram_headroom_gb, false},
-      {"pin_weight_budget_gb", config.pin_weight_budget_gb, false},
-      {"resident_module_budget_gb", config.resident_module_budget_gb, false},
-      {"staging_mb", config.staging_mb, false},
-      {"prefetch_window_mb", config.prefetch_window_mb, false},
-      {"vram_cap_gb", config.vram_cap_gb, false},
-      {"sim_device_capacity_gb", config.sim_device_capacity_gb, false},
-      {"sim_copy_gbps", config.sim_copy_gbps, false},
-      {"sim_pinnable_gb", config.sim_pinnable_gb, true},
-  };
-  if (config.available_system_ram_gb) {
-    amounts.push_back({"available_system_ram_gb", *config.available_system_ram_gb, false});
-  }
-  for (const Amount& a : amounts) {
-    if (!std::isfinite(a.value)) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(a.name, "=", a.value, " is not a finite number; use a value",
-                                      a.may_be_negative ? "" : " >= 0"));
-    }
-    if (!a.may_be_negative && a.value < 0) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(a.name, "=", a.value, " is negative; use a value >= 0"));
-    }
-  }
-  // The spec clamps the ratio to [0, 1] where it is used; only a value with no place on the line
-  // is an error.
-  if (std::isnan(config.pin_weight_budget_ratio)) {
-    return Status(Code::kInvalidArgument,
-                  "pin_weight_budget_ratio is not a number; use a fraction in [0, 1]");
-  }
-  if (!is_valid_safetensors_backend(config.load_safetensors_backend)) {
-    return Status(Code::kInvalidArgument,
-                  internal::str_cat("load_safetensors_backend=\"", config.load_safetensors_backend,
-                                    "\" is not one of \"\" (auto), mmap, pread"));
-  }
-  DDO_RETURN_IF_ERROR(check_patterns("skip_modules_pattern", config.skip_modules_pattern, false));
-  DDO_RETURN_IF_ERROR(check_patterns("always_resident_modules_pattern",
-                                     config.always_resident_modules_pattern, false));
-  DDO_RETURN_IF_ERROR(
-      check_patterns("resident_module_patterns", config.resident_module_patterns, true));
   return Status::ok_status();
+}
+
+Status check_module_pattern(std::string_view source, std::size_t index,
+                            const std::string& pattern) {
+  return fields::check_module_pattern(source, index, pattern);
 }
 
 }  // namespace ddo::core

@@ -59,20 +59,18 @@
 namespace ddo::core {
 namespace {
 
-constexpr std::int64_t kGiBBytes = std::int64_t{1} << 30;
 // Below this much usable RAM (or a quarter of the candidates, if smaller) pinning is skipped:
 // the machine is already short and a sliver of pinned weights gains little.
 constexpr std::int64_t kMinUsefulPinBytes = kGiBBytes;
 constexpr double kPinSnapRatio = 0.95;
 
-std::int64_t gib_to_bytes(double gib) {
-  return static_cast<std::int64_t>(std::llround(gib * kGiB));
-}
-double to_gib(std::int64_t bytes) {
-  return static_cast<double>(bytes) / kGiB;
+// A GiB field of the config in bytes. validate_config bounds every such field so that this fits;
+// the check stays, naming the field, for a config that skipped it.
+std::int64_t field_bytes(double gib, const char* field) {
+  return to_bytes_or_throw(gib, ByteUnit::kGiB, field);
 }
 std::string gib(std::int64_t bytes) {
-  return fmt::format("{:.2f} GiB", to_gib(bytes));
+  return fmt::format("{:.2f} GiB", bytes_to_gib(bytes));
 }
 
 std::string regex_escape(std::string_view text) {
@@ -102,7 +100,11 @@ struct CompiledPatterns {
 
 CompiledPatterns compile(const std::vector<std::string>& patterns, std::string_view field) {
   CompiledPatterns out;
-  for (const std::string& p : patterns) {
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    const std::string& p = patterns[i];
+    // Note [Pattern limits] (config.cpp): bounded before std::regex sees it. The inferred block
+    // patterns come from module names, which validate_config never saw.
+    throw_if_error(check_module_pattern(field, i, p));
     try {
       out.regexes.emplace_back(p, std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
@@ -502,7 +504,7 @@ std::int64_t Planner::staging_estimate() {
     bytes = *ctx_.staging_bytes;
     source = "context";
   } else if (config_.staging_mb > 0) {
-    bytes = static_cast<std::int64_t>(std::llround(config_.staging_mb * kMiB));
+    bytes = to_bytes_or_throw(config_.staging_mb, ByteUnit::kMiB, "staging_mb");
     source = "staging_mb";
   } else {
     // The engine double-buffers one unit ahead: two of the largest block, or of the largest
@@ -539,7 +541,8 @@ void Planner::resolve_resident_budget() {
     return;
   }
   if (config_.resident_module_budget_gb > 0) {
-    plan_.resident_budget_bytes = gib_to_bytes(config_.resident_module_budget_gb);
+    plan_.resident_budget_bytes =
+        field_bytes(config_.resident_module_budget_gb, "resident_module_budget_gb");
     decide("resident_budget_manual",
            {{"resident_module_budget_gb", config_.resident_module_budget_gb},
             {"budget_bytes", plan_.resident_budget_bytes},
@@ -571,11 +574,12 @@ void Planner::resolve_resident_budget() {
   }
 
   std::int64_t total = ctx_.total_vram_bytes;
-  const std::int64_t cap = gib_to_bytes(config_.vram_cap_gb);
+  const std::int64_t cap = field_bytes(config_.vram_cap_gb, "vram_cap_gb");
   if (cap > 0) total = total > 0 ? std::min(total, cap) : cap;
   const bool manual_headroom = config_.auto_vram_headroom_gb > 0;
-  const std::int64_t headroom = manual_headroom ? gib_to_bytes(config_.auto_vram_headroom_gb)
-                                                : balanced_headroom_bytes(total);
+  const std::int64_t headroom =
+      manual_headroom ? field_bytes(config_.auto_vram_headroom_gb, "auto_vram_headroom_gb")
+                      : balanced_headroom_bytes(total);
   const std::int64_t staging = staging_estimate();
   const std::int64_t room = total - headroom - always_resident_bytes_ - move_once_bytes_ - staging;
   std::int64_t budget = total > 0 ? std::clamp<std::int64_t>(room, 0, candidates) : 0;
@@ -594,7 +598,8 @@ void Planner::resolve_resident_budget() {
                                  gib(budget), gib(candidates), gib(total), gib(headroom),
                                  gib(always_resident_bytes_), gib(move_once_bytes_), gib(staging))
                    : std::string("total VRAM unknown: budget 0"));
-  const std::int64_t max_budget = gib_to_bytes(config_.max_resident_module_budget_gb);
+  const std::int64_t max_budget =
+      field_bytes(config_.max_resident_module_budget_gb, "max_resident_module_budget_gb");
   if (max_budget > 0 && budget > max_budget) {
     decide("max_budget_cap",
            {{"max_resident_module_budget_gb", config_.max_resident_module_budget_gb},
@@ -773,7 +778,7 @@ std::optional<std::int64_t> known_ram(const DynamicOffloadConfig& config, const 
                                       std::string* source) {
   if (config.available_system_ram_gb) {
     *source = "available_system_ram_gb";
-    return gib_to_bytes(*config.available_system_ram_gb);
+    return field_bytes(*config.available_system_ram_gb, "available_system_ram_gb");
   }
   if (ctx.available_ram_bytes) {
     *source = "detected";
@@ -789,8 +794,10 @@ void Planner::admit_linear_pins(std::int64_t candidates) {
   std::optional<std::int64_t> bound;
   auto bound_by = [&](std::int64_t b) { bound = bound ? std::min(*bound, b) : b; };
   const double ratio = std::clamp(config_.pin_weight_budget_ratio, 0.0, 1.0);
-  const std::int64_t max_bytes = gib_to_bytes(config_.max_pin_weight_budget_gb);
-  if (config_.pin_weight_budget_gb > 0) bound_by(gib_to_bytes(config_.pin_weight_budget_gb));
+  const std::int64_t max_bytes =
+      field_bytes(config_.max_pin_weight_budget_gb, "max_pin_weight_budget_gb");
+  if (config_.pin_weight_budget_gb > 0)
+    bound_by(field_bytes(config_.pin_weight_budget_gb, "pin_weight_budget_gb"));
   if (ratio > 0) bound_by(static_cast<std::int64_t>(std::floor(ratio * candidates)));
   if (max_bytes > 0) bound_by(max_bytes);
   if (bound) {
@@ -811,7 +818,8 @@ void Planner::admit_linear_pins(std::int64_t candidates) {
     decide("pin_ram_unknown", {{"candidate_bytes", candidates}},
            "available RAM unknown: pin admission is not bounded by RAM");
   } else {
-    const std::int64_t headroom = gib_to_bytes(config_.system_ram_headroom_gb);
+    const std::int64_t headroom =
+        field_bytes(config_.system_ram_headroom_gb, "system_ram_headroom_gb");
     const std::int64_t usable = *available - headroom;
     const std::int64_t resident = plan_.resident_budget_bytes;
     nlohmann::json inputs = {
@@ -869,17 +877,19 @@ void Planner::admit_sdnq_pins(std::int64_t fresh) {
   const std::int64_t existing = plan_.loader_pinned_bytes;
   const std::int64_t all = fresh + existing;
   const double ratio = std::clamp(config_.pin_weight_budget_ratio, 0.0, 1.0);
-  const std::int64_t max_bytes = gib_to_bytes(config_.max_pin_weight_budget_gb);
+  const std::int64_t max_bytes =
+      field_bytes(config_.max_pin_weight_budget_gb, "max_pin_weight_budget_gb");
   std::int64_t ceiling = all;
   if (config_.pin_weight_budget_gb > 0) {
-    ceiling = std::min(ceiling, gib_to_bytes(config_.pin_weight_budget_gb));
+    ceiling = std::min(ceiling, field_bytes(config_.pin_weight_budget_gb, "pin_weight_budget_gb"));
   }
   if (ratio > 0) ceiling = std::min(ceiling, static_cast<std::int64_t>(std::floor(ratio * all)));
   if (max_bytes > 0) ceiling = std::min(ceiling, max_bytes);
   std::string ram_source;
   std::optional<std::int64_t> available = known_ram(config_, ctx_, &ram_source);
   std::optional<std::int64_t> usable;
-  if (available) usable = *available - gib_to_bytes(config_.system_ram_headroom_gb);
+  if (available)
+    usable = *available - field_bytes(config_.system_ram_headroom_gb, "system_ram_headroom_gb");
   std::int64_t budget = std::max<std::int64_t>(0, ceiling - existing);
   if (usable) budget = std::min(budget, std::max<std::int64_t>(0, *usable));
   budget = std::min(budget, fresh);

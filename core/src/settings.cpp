@@ -4,9 +4,12 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <type_traits>
+#include <variant>
 
 #include <unistd.h>  // environ
 
+#include "config_fields.h"
 #include "ddo/core/presets.h"
 #include "text.h"
 
@@ -16,183 +19,128 @@ namespace {
 using text::lower;
 using text::trim;
 
-// Reads DDO_* variables into a config. Each reader leaves the field alone when the variable is
-// absent, so presets stay in force underneath.
-class EnvReader {
- public:
-  explicit EnvReader(const EnvMap& env) : env_(env) {}
+using fields::Field;
 
-  const std::string* find(const char* name) const {
-    auto it = env_.find(name);
-    return it == env_.end() ? nullptr : &it->second;
-  }
+const std::string* find_env(const EnvMap& env, const char* name) {
+  if (name == nullptr) return nullptr;
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
 
-  Status read_bool(const char* name, bool* out) const {
-    if (const std::string* v = find(name)) *out = parse_env_bool(*v);
-    return Status::ok_status();
-  }
+// A plain decimal or exponent number, blanks and one leading '+' allowed.
+bool parse_figure(const std::string& raw, double* out) {
+  std::string_view text = trim(raw);
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+}
 
-  Status read_string(const char* name, std::string* out) const {
-    if (const std::string* v = find(name)) *out = *v;
-    return Status::ok_status();
-  }
+bool is_known_bool(std::string_view text) {
+  const std::string v = lower(trim(text));
+  return v.empty() || v == "1" || v == "true" || v == "yes" || v == "on" || v == "0" ||
+         v == "false" || v == "no" || v == "off";
+}
 
-  Status read_list(const char* name, std::vector<std::string>* out) const {
-    if (const std::string* v = find(name)) *out = split_pattern_list(*v);
-    return Status::ok_status();
-  }
+// Sets one field from its DDO_ variable, checked by the field table's rule for it; a variable
+// that is absent leaves the field alone, so preset values stay in force underneath. Errors and
+// warnings name the variable and the text it holds.
+Status read_env_field(const Field& field, const char* name, const std::string& raw,
+                      DynamicOffloadConfig* c, std::vector<std::string>* warnings) {
+  return std::visit(
+      [&](auto member) -> Status {
+        using T = std::remove_reference_t<decltype(c->*member)>;
+        T& slot = c->*member;
+        auto error = [&](std::string_view problem) {
+          return Status(Code::kInvalidArgument,
+                        internal::str_cat(name, "=\"", raw, "\" ", problem));
+        };
+        if constexpr (std::is_same_v<T, bool>) {
+          // The spec: 1/true/yes/on are true, anything else false. Kept, but not silently.
+          slot = parse_env_bool(raw);
+          if (!is_known_bool(raw)) {
+            warnings->push_back(internal::str_cat(
+                name, "=\"", raw,
+                "\" is not a boolean (1/true/yes/on or 0/false/no/off); read as false"));
+          }
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (field.check == fields::Check::kSafetensorsBackend) {
+            slot = lower(trim(raw));
+            DDO_RETURN_IF_ERROR(fields::check_field(*c, field, name));
+          } else {
+            slot = raw;
+          }
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          slot = split_pattern_list(raw);
+          // Names the variable and the field, whose items the message indexes.
+          DDO_RETURN_IF_ERROR(
+              fields::check_field(*c, field, internal::str_cat(name, ": ", field.name)));
+        } else if constexpr (std::is_enum_v<T>) {
+          T parsed{};
+          Status s = [&] {
+            if constexpr (std::is_same_v<T, ExecutionMode>)
+              return parse_execution_mode(raw, &parsed);
+            if constexpr (std::is_same_v<T, Route>) return parse_route(raw, &parsed);
+            if constexpr (std::is_same_v<T, AutoBudgetPolicy>) {
+              return parse_auto_budget_policy(raw, &parsed);
+            }
+            if constexpr (std::is_same_v<T, Selection>) return parse_selection(raw, &parsed);
+          }();
+          if (!s.ok()) {
+            return Status(Code::kInvalidArgument,
+                          internal::str_cat(name, "=\"", raw, "\": ", s.message()));
+          }
+          slot = parsed;
+        } else {
+          // A number: int, int64 (KiB in the environment for the byte threshold), double,
+          // optional<double>.
+          const bool whole = std::is_same_v<T, int> || std::is_same_v<T, std::int64_t>;
+          const char* unit = field.env_unit != nullptr ? field.env_unit : field.unit;
+          double figure = 0;
+          if (!parse_figure(raw, &figure)) {
+            return error(
+                whole && field.env_unit == nullptr
+                    ? internal::str_cat("is not a whole number; write ", unit, " such as 4")
+                    : internal::str_cat("is not a number; write ", unit,
+                                        " as a plain number such as 6 or 5.5"));
+          }
+          const std::string problem = fields::range_problem(field, figure, true);
+          if (!problem.empty()) return error(problem);
+          const double value = figure * field.env_scale;
+          if (fields::needs_clamp(field, value)) {
+            const double result = fields::clamped(field, value);
+            warnings->push_back(internal::str_cat(name, "=\"", raw, "\" is outside [", field.min,
+                                                  ", ", field.max, "]; clamped to ", result));
+            slot = result;
+          } else if constexpr (std::is_same_v<T, int>) {
+            if (value != std::trunc(value)) {
+              return error(internal::str_cat("is not a whole number; write ", unit, " such as 4"));
+            }
+            slot = static_cast<int>(value);  // in range: checked above
+          } else if constexpr (std::is_same_v<T, std::int64_t>) {
+            slot = to_bytes_or_throw(value, ByteUnit::kBytes, name);  // rounds KiB * 1024
+          } else {
+            slot = value;
+          }
+        }
+        return Status::ok_status();
+      },
+      field.ref);
+}
 
-  // A finite number of `unit` (GiB, MiB, ...); `allow_negative` only where a negative value
-  // means something (sim_pinnable_gb: no limit).
-  Status read_amount(const char* name, const char* unit, double* out,
-                     bool allow_negative = false) const {
-    const std::string* v = find(name);
-    if (v == nullptr) return Status::ok_status();
-    double value = 0;
-    DDO_RETURN_IF_ERROR(parse_number(name, *v, unit, &value));
-    if (!std::isfinite(value)) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(name, "=\"", *v, "\" is not a finite number; write ", unit,
-                                      " as a plain number such as 1 or 0.5"));
+// Reads every DDO_ variable of the field table (Note [Config field table] in config.cpp).
+Status read_config_env(const EnvMap& env, DynamicOffloadConfig* c,
+                       std::vector<std::string>* warnings) {
+  for (const Field& field : fields::config_fields()) {
+    // The documented name wins over its alias when both are set.
+    const char* name = field.env;
+    const std::string* raw = find_env(env, name);
+    if (raw == nullptr && field.env_alias != nullptr) {
+      name = field.env_alias;
+      raw = find_env(env, name);
     }
-    if (!allow_negative && value < 0) {
-      return Status(
-          Code::kInvalidArgument,
-          internal::str_cat(name, "=\"", *v, "\" is negative; use a value >= 0 (", unit, ")"));
-    }
-    *out = value;
-    return Status::ok_status();
+    if (raw == nullptr) continue;
+    DDO_RETURN_IF_ERROR(read_env_field(field, name, *raw, c, warnings));
   }
-
-  Status read_optional_amount(const char* name, const char* unit,
-                              std::optional<double>* out) const {
-    if (find(name) == nullptr) return Status::ok_status();
-    double value = 0;
-    DDO_RETURN_IF_ERROR(read_amount(name, unit, &value));
-    *out = value;
-    return Status::ok_status();
-  }
-
-  Status read_ratio(const char* name, double* out) const {
-    if (find(name) == nullptr) return Status::ok_status();
-    double value = 0;
-    DDO_RETURN_IF_ERROR(read_amount(name, "a fraction", &value, /*allow_negative=*/true));
-    *out = std::clamp(value, 0.0, 1.0);
-    return Status::ok_status();
-  }
-
-  Status read_workers(const char* name, int* out) const {
-    const std::string* v = find(name);
-    if (v == nullptr) return Status::ok_status();
-    const std::string_view text = trim(*v);
-    int value = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 1) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(name, "=\"", *v,
-                                      "\" is not a whole number >= 1; write a thread count "
-                                      "such as 4"));
-    }
-    *out = value;
-    return Status::ok_status();
-  }
-
-  template <typename E>
-  Status read_enum(const char* name, Status (*parse)(std::string_view, E*), E* out) const {
-    const std::string* v = find(name);
-    if (v == nullptr) return Status::ok_status();
-    Status s = parse(*v, out);
-    if (!s.ok()) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(name, "=\"", *v, "\": ", s.message()));
-    }
-    return Status::ok_status();
-  }
-
-  static Status parse_number(const char* name, const std::string& raw, const char* unit,
-                             double* out) {
-    std::string_view text = trim(raw);
-    if (!text.empty() && text.front() == '+') text.remove_prefix(1);
-    double value = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(name, "=\"", raw, "\" is not a number; write ", unit,
-                                      " as a plain number such as 6 or 5.5"));
-    }
-    *out = value;
-    return Status::ok_status();
-  }
-
- private:
-  const EnvMap& env_;
-};
-
-Status read_config_env(const EnvMap& env, DynamicOffloadConfig* c) {
-  const EnvReader r(env);
-  DDO_RETURN_IF_ERROR(
-      r.read_list("DDO_ALWAYS_RESIDENT_MODULE_PATTERNS", &c->always_resident_modules_pattern));
-  if (r.find("DDO_SMALL_TENSOR_THRESHOLD_KB") != nullptr) {
-    double kib = 0;
-    DDO_RETURN_IF_ERROR(r.read_amount("DDO_SMALL_TENSOR_THRESHOLD_KB", "KiB", &kib));
-    c->small_tensor_threshold_bytes = static_cast<std::int64_t>(std::llround(kib * kKiB));
-  }
-  DDO_RETURN_IF_ERROR(r.read_enum("DDO_EXECUTION_MODE", parse_execution_mode, &c->execution_mode));
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_PIN_CPU_MEMORY", &c->pin_cpu_memory));
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_ALLOW_PIN_MEMORY_FALLBACK", &c->allow_pin_memory_fallback));
-  DDO_RETURN_IF_ERROR(r.read_workers("DDO_PIN_CPU_WORKERS", &c->pin_cpu_workers));
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_CACHE_PLAN", &c->cache_plan));
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_CACHE_PINNED_WEIGHTS", &c->cache_pinned_weights));
-  DDO_RETURN_IF_ERROR(
-      r.read_string("DDO_PINNED_WEIGHT_CACHE_NAMESPACE", &c->pinned_weight_cache_namespace));
-  DDO_RETURN_IF_ERROR(
-      r.read_enum("DDO_AUTO_BUDGET_POLICY", parse_auto_budget_policy, &c->auto_budget_policy));
-  DDO_RETURN_IF_ERROR(
-      r.read_amount("DDO_MAX_RESIDENT_MODULE_BUDGET_GB", "GiB", &c->max_resident_module_budget_gb));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_AUTO_VRAM_HEADROOM_GB", "GiB", &c->auto_vram_headroom_gb));
-  DDO_RETURN_IF_ERROR(
-      r.read_amount("DDO_PROFILE_VRAM_HEADROOM_GB", "GiB", &c->profile_vram_headroom_gb));
-  DDO_RETURN_IF_ERROR(
-      r.read_amount("DDO_MAX_PIN_WEIGHT_BUDGET_GB", "GiB", &c->max_pin_weight_budget_gb));
-  DDO_RETURN_IF_ERROR(
-      r.read_optional_amount("DDO_AVAILABLE_SYSTEM_RAM_GB", "GiB", &c->available_system_ram_gb));
-  DDO_RETURN_IF_ERROR(
-      r.read_amount("DDO_SYSTEM_RAM_HEADROOM_GB", "GiB", &c->system_ram_headroom_gb));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_PIN_WEIGHT_BUDGET_GB", "GiB", &c->pin_weight_budget_gb));
-  DDO_RETURN_IF_ERROR(r.read_ratio("DDO_PIN_WEIGHT_BUDGET_RATIO", &c->pin_weight_budget_ratio));
-  DDO_RETURN_IF_ERROR(
-      r.read_enum("DDO_PIN_WEIGHT_SELECTION", parse_selection, &c->pin_weight_selection));
-  DDO_RETURN_IF_ERROR(
-      r.read_enum("DDO_RESIDENT_MODULE_SELECTION", parse_selection, &c->resident_module_selection));
-  DDO_RETURN_IF_ERROR(
-      r.read_amount("DDO_RESIDENT_MODULE_BUDGET_GB", "GiB", &c->resident_module_budget_gb));
-  DDO_RETURN_IF_ERROR(r.read_list("DDO_RESIDENT_MODULE_PATTERNS", &c->resident_module_patterns));
-
-  // The documented name wins over its alias when both are set.
-  for (const char* name : {"DDO_SAFETENSORS_BACKEND", "DDO_LOAD_SAFETENSORS_BACKEND"}) {
-    const std::string* v = r.find(name);
-    if (v == nullptr) continue;
-    std::string backend = lower(trim(*v));
-    if (!is_valid_safetensors_backend(backend)) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat(name, "=\"", *v,
-                                      "\" is not a safetensors backend; use mmap, pread, or "
-                                      "leave it empty for ddo's choice"));
-    }
-    c->load_safetensors_backend = std::move(backend);
-  }
-
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_VERBOSE", &c->verbose));
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_SHOW_PROFILE", &c->show_profile));
-  DDO_RETURN_IF_ERROR(r.read_bool("DDO_DISABLE_PIN_ON_WSL", &c->disable_pin_on_wsl));
-
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_STAGING_MB", "MiB", &c->staging_mb));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_PREFETCH_WINDOW_MB", "MiB", &c->prefetch_window_mb));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_VRAM_CAP_GB", "GiB", &c->vram_cap_gb));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_SIM_DEVICE_GB", "GiB", &c->sim_device_capacity_gb));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_SIM_COPY_GBPS", "GB/s", &c->sim_copy_gbps));
-  DDO_RETURN_IF_ERROR(r.read_amount("DDO_SIM_PINNABLE_GB", "GiB", &c->sim_pinnable_gb,
-                                    /*allow_negative=*/true));
   return Status::ok_status();
 }
 
@@ -299,8 +247,11 @@ Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const Env
   if (request.config) {
     // An explicit config replaces defaults, preset values and DDO_* config variables.
     s.config = *request.config;
-    if (!std::isnan(s.config.pin_weight_budget_ratio)) {
-      s.config.pin_weight_budget_ratio = std::clamp(s.config.pin_weight_budget_ratio, 0.0, 1.0);
+    for (const fields::Field& field : fields::config_fields()) {
+      const std::string source = internal::str_cat("config field ", field.name);
+      if (auto warning = fields::clamp_field(&s.config, field, source)) {
+        s.warnings.push_back(std::move(*warning));
+      }
     }
     if (request.preset) {
       DDO_RETURN_IF_ERROR(resolve_preset(*request.preset, &info));
@@ -323,13 +274,20 @@ Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const Env
       if (source == nullptr) return status;
       return Status(status.code(), internal::str_cat(source, ": ", status.message()));
     }
-    DDO_RETURN_IF_ERROR(read_config_env(env, &s.config));
-    if (auto it = env.find("DDO_PLAN"); it != env.end() && parse_env_bool(it->second)) {
-      info.enabled = true;
-      s.config.execution_mode = ExecutionMode::kPlan;
+    DDO_RETURN_IF_ERROR(read_config_env(env, &s.config, &s.warnings));
+    if (auto it = env.find("DDO_PLAN"); it != env.end()) {
+      if (!is_known_bool(it->second)) {
+        s.warnings.push_back(internal::str_cat(
+            "DDO_PLAN=\"", it->second,
+            "\" is not a boolean (1/true/yes/on or 0/false/no/off); read as false"));
+      }
+      if (parse_env_bool(it->second)) {
+        info.enabled = true;
+        s.config.execution_mode = ExecutionMode::kPlan;
+      }
     }
   }
-  DDO_RETURN_IF_ERROR(apply_overrides(&s.config, request.overrides));
+  DDO_RETURN_IF_ERROR(apply_overrides(&s.config, request.overrides, &s.warnings));
   DDO_RETURN_IF_ERROR(validate_config(s.config));
   DDO_RETURN_IF_ERROR(read_component_policies(env, &s.component_policies));
 
@@ -364,7 +322,8 @@ ComponentPolicy DynamicOffloadSettings::policy_for(std::string_view component) c
 
 std::optional<std::int64_t> DynamicOffloadSettings::available_ram_bytes() const {
   if (config.available_system_ram_gb) {
-    return static_cast<std::int64_t>(std::llround(*config.available_system_ram_gb * kGiB));
+    return to_bytes_or_throw(*config.available_system_ram_gb, ByteUnit::kGiB,
+                             "available_system_ram_gb");
   }
   return detect_available_ram_bytes();
 }
@@ -392,6 +351,7 @@ nlohmann::json DynamicOffloadSettings::to_json() const {
       {"wsl", wsl},
       {"side_streams_effective", side_streams_effective},
       {"component_policies", std::move(policies)},
+      {"warnings", warnings},
   };
 }
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 #include <regex>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -273,6 +275,93 @@ TEST(ConfigOverrides, RangeChecksAndRatioClamp) {
   EXPECT_NE(s.message().find("skip_modules_pattern[0]"), std::string::npos) << s.message();
   EXPECT_TRUE(apply_overrides(&c, {{"sim_pinnable_gb", -1}}).ok());
   EXPECT_EQ(c.profile_vram_headroom_gb, 1.0);
+}
+
+TEST(ConfigValidate, RangesNameTheFieldAndTheRange) {
+  DynamicOffloadConfig c;
+  c.vram_cap_gb = 16e9;  // bytes typed as GiB
+  Status s = validate_config(c);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("config field vram_cap_gb=1.6e+10 is out of range; use GiB in [0, "
+                             "65536]"),
+            std::string::npos)
+      << s.message();
+  c = {};
+  c.available_system_ram_gb = 1e9;
+  EXPECT_NE(validate_config(c).message().find("available_system_ram_gb"), std::string::npos);
+  c = {};
+  c.sim_copy_gbps = 1e-9;
+  EXPECT_NE(validate_config(c).message().find("sim_copy_gbps=1e-09 is out of range"),
+            std::string::npos)
+      << validate_config(c).message();
+  c.sim_copy_gbps = 0;  // unthrottled
+  EXPECT_TRUE(validate_config(c).ok());
+  c = {};
+  c.pin_cpu_workers = 5000;
+  EXPECT_NE(validate_config(c).message().find("pin_cpu_workers=5000"), std::string::npos);
+  c = {};
+  c.small_tensor_threshold_bytes = std::numeric_limits<std::int64_t>::max();
+  EXPECT_FALSE(validate_config(c).ok());
+  c = {};
+  c.pin_weight_budget_ratio = 3;  // clamped where used, as the spec says
+  EXPECT_TRUE(validate_config(c).ok());
+}
+
+TEST(ConfigOverrides, RangeErrorsNameTheOverrideKeyAndClampsWarn) {
+  DynamicOffloadConfig c;
+  std::vector<std::string> warnings;
+  Status s =
+      apply_overrides(&c, {{"verbose", true}, {"max_pin_weight_budget_gb", 1e12}}, &warnings);
+  EXPECT_NE(s.message().find("override max_pin_weight_budget_gb=1e+12 is out of range; use GiB"),
+            std::string::npos)
+      << s.message();
+  EXPECT_FALSE(c.verbose);
+  EXPECT_TRUE(warnings.empty());
+  ASSERT_TRUE(apply_overrides(&c, {{"pin_weight_budget_ratio", -3}}, &warnings).ok());
+  EXPECT_EQ(c.pin_weight_budget_ratio, 0.0);
+  EXPECT_EQ(warnings, std::vector<std::string>{
+                          "override pin_weight_budget_ratio=-3 is outside [0, 1]; clamped to 0"});
+}
+
+// Issue 18: about 20,000 nested parentheses overflowed the stack inside std::regex and killed the
+// process. Each of these crashes without the limits (Note [Pattern limits]).
+TEST(ConfigPatterns, DeepOrLongPatternsAreErrorsNotCrashes) {
+  const std::string deep = std::string(20000, '(') + "a" + std::string(20000, ')');
+  Status s = check_module_pattern("skip_modules_pattern", 0, deep);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("skip_modules_pattern[0] is 40001 characters long"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("at most 1000"), std::string::npos) << s.message();
+
+  const std::string nested = std::string(200, '(') + "a" + std::string(200, ')');
+  s = check_module_pattern("always_resident_modules_pattern", 2, nested);
+  EXPECT_NE(s.message().find("always_resident_modules_pattern[2] nests groups 200 deep"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("at most 32"), std::string::npos) << s.message();
+
+  DynamicOffloadConfig c;
+  c.resident_module_patterns = {"auto", std::string(50000, 'a')};
+  EXPECT_NE(validate_config(c).message().find("config field resident_module_patterns[1]"),
+            std::string::npos)
+      << validate_config(c).message();
+  c = {};
+  c.skip_modules_pattern = {deep};
+  EXPECT_FALSE(apply_overrides(&c, {{"skip_modules_pattern", {deep}}}).ok());
+
+  // At the limits a pattern compiles; escaped and bracketed parentheses do not nest.
+  const std::string at_limit = std::string(32, '(') + "a" + std::string(32, ')');
+  EXPECT_TRUE(check_module_pattern("p", 0, at_limit).ok());
+  EXPECT_TRUE(check_module_pattern("p", 0, std::string(33, '(') + std::string(33, ')'))
+                  .message()
+                  .find("33 deep") != std::string::npos);
+  EXPECT_TRUE(
+      check_module_pattern("p", 0,
+                           R"(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\(\()"
+                           R"(x)")
+          .ok());
+  EXPECT_TRUE(check_module_pattern("p", 0, std::string(1000, 'a')).ok());
+  EXPECT_FALSE(check_module_pattern("p", 0, std::string(1001, 'a')).ok());
 }
 
 TEST(ConfigValidate, RejectsNonFinite) {

@@ -589,6 +589,40 @@ TEST(PlannerPatterns, InvalidRegexIsAnErrorNamingThePattern) {
   }
 }
 
+// Issue 18: the planner compiles patterns too, including block patterns inferred from module
+// names it never validated; a crash there killed the host. Both are errors now.
+TEST(PlannerPatterns, NestedOrHugePatternsAreErrorsNotCrashes) {
+  DynamicOffloadConfig config = linear_config();
+  config.skip_modules_pattern = {std::string(20000, '(') + std::string(20000, ')')};
+  EXPECT_THROW((void)make_plan(flux_inventory(), config, {}), Error);
+
+  InventoryBuilder b("Hostile");
+  const std::string prefix(30000, 'x');
+  b.container("");
+  b.container(prefix);
+  b.linear(prefix + ".0", 128, 128);
+  b.linear(prefix + ".1", 128, 128);
+  try {
+    (void)make_plan(b.take(), linear_config(), {});
+    FAIL() << "expected ddo::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("characters long"), std::string::npos) << e.what();
+  }
+}
+
+// A GiB figure set by code goes through the same checked conversion (bytes typed as GiB).
+TEST(PlannerBudget, GiBFiguresBeyondBytesAreErrorsNamingTheField) {
+  DynamicOffloadConfig config = linear_config();
+  config.resident_module_budget_gb = 16e9;
+  try {
+    (void)make_plan(flux_inventory(), config, {});
+    FAIL() << "expected ddo::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resident_module_budget_gb"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PlannerPatterns, ConvAndEmbeddingWeightsStream) {
   ModelInventory inv;
   inv.model_class = "UNet";

@@ -195,6 +195,107 @@ TEST(Settings, RatioIsClamped) {
   EXPECT_EQ(load({{"DDO_PIN_WEIGHT_BUDGET_RATIO", "0.25"}}).config.pin_weight_budget_ratio, 0.25);
 }
 
+// Issue 18: every number from the environment has a range, and an error names the variable, the
+// text and the range. Bytes typed as GiB used to become -2^63 bytes through an undefined cast.
+TEST(Settings, NumbersOutOfRangeNameTheVariableAndTheRange) {
+  expect_env_error({{"DDO_VRAM_CAP_GB", "16000000000"}},
+                   "DDO_VRAM_CAP_GB=\"16000000000\" is out of range; use GiB in [0, 65536]");
+  for (const char* name : {"DDO_MAX_RESIDENT_MODULE_BUDGET_GB", "DDO_AUTO_VRAM_HEADROOM_GB",
+                           "DDO_PROFILE_VRAM_HEADROOM_GB", "DDO_MAX_PIN_WEIGHT_BUDGET_GB",
+                           "DDO_AVAILABLE_SYSTEM_RAM_GB", "DDO_SYSTEM_RAM_HEADROOM_GB",
+                           "DDO_PIN_WEIGHT_BUDGET_GB", "DDO_RESIDENT_MODULE_BUDGET_GB",
+                           "DDO_VRAM_CAP_GB", "DDO_SIM_DEVICE_GB", "DDO_SIM_PINNABLE_GB"}) {
+    expect_env_error({{name, "1e12"}}, std::string(name) + "=\"1e12\" is out of range");
+    expect_env_error({{name, "1e308"}},
+                     std::string(name) + "=\"1e308\" is out of range; use GiB in [");
+  }
+  // An absurd amount of RAM would silently admit every pin.
+  expect_env_error({{"DDO_AVAILABLE_SYSTEM_RAM_GB", "1e9"}}, "DDO_AVAILABLE_SYSTEM_RAM_GB");
+  expect_env_error({{"DDO_STAGING_MB", "1e15"}}, "use MiB in [0, 67108864]");
+  expect_env_error({{"DDO_PREFETCH_WINDOW_MB", "-1"}}, "DDO_PREFETCH_WINDOW_MB=\"-1\" is negative");
+  expect_env_error({{"DDO_SMALL_TENSOR_THRESHOLD_KB", "1e30"}},
+                   "DDO_SMALL_TENSOR_THRESHOLD_KB=\"1e30\" is out of range; use KiB in [0, ");
+  expect_env_error(
+      {{"DDO_PIN_CPU_WORKERS", "100000"}},
+      "DDO_PIN_CPU_WORKERS=\"100000\" is out of range; use a thread count in [1, 1024]");
+  EXPECT_EQ(load({{"DDO_SIM_PINNABLE_GB", "-0.5"}}).config.sim_pinnable_gb, -0.5);
+  EXPECT_EQ(load({{"DDO_SMALL_TENSOR_THRESHOLD_KB", "0.5"}}).config.small_tensor_threshold_bytes,
+            512);
+}
+
+// A simulated copy rate of 1e-9 GB/s hung the first copy; 0 still means unthrottled.
+TEST(Settings, SimulatedCopyRateHasAFloor) {
+  expect_env_error({{"DDO_SIM_COPY_GBPS", "1e-9"}},
+                   "DDO_SIM_COPY_GBPS=\"1e-9\" is out of range; use GB/s in [0.1, 10000] or 0 "
+                   "(off)");
+  expect_env_error({{"DDO_SIM_COPY_GBPS", "-1"}}, "DDO_SIM_COPY_GBPS");
+  EXPECT_EQ(load({{"DDO_SIM_COPY_GBPS", "0"}}).config.sim_copy_gbps, 0.0);
+  EXPECT_EQ(load({{"DDO_SIM_COPY_GBPS", "0.1"}}).config.sim_copy_gbps, 0.1);
+}
+
+TEST(Settings, ClampedRatioIsAWarningNamingTheSource) {
+  DynamicOffloadSettings s = load({{"DDO_PIN_WEIGHT_BUDGET_RATIO", "-3"}});
+  EXPECT_EQ(s.config.pin_weight_budget_ratio, 0.0);  // the spec's result
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_EQ(s.warnings[0], "DDO_PIN_WEIGHT_BUDGET_RATIO=\"-3\" is outside [0, 1]; clamped to 0");
+  EXPECT_EQ(s.to_json().at("warnings"), json::array({s.warnings[0]}));
+  EXPECT_TRUE(load({{"DDO_PIN_WEIGHT_BUDGET_RATIO", "0.25"}}).warnings.empty());
+
+  SettingsRequest r = request();
+  r.overrides = {{"pin_weight_budget_ratio", 1.7}};
+  s = load({}, r);
+  EXPECT_EQ(s.config.pin_weight_budget_ratio, 1.0);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("override pin_weight_budget_ratio=1.7"), std::string::npos)
+      << s.warnings[0];
+
+  r = request();
+  r.config = DynamicOffloadConfig{};
+  r.config->pin_weight_budget_ratio = 3.0;
+  s = load({}, r);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("config field pin_weight_budget_ratio=3"), std::string::npos)
+      << s.warnings[0];
+}
+
+TEST(Settings, UnknownBooleanTextIsFalseWithAWarning) {
+  DynamicOffloadSettings s = load({{"DDO_VERBOSE", "maybe"}, {"DDO_PIN_CPU_MEMORY", "yes"}});
+  EXPECT_FALSE(s.config.verbose);  // the spec: anything else is false
+  EXPECT_TRUE(s.config.pin_cpu_memory);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("DDO_VERBOSE=\"maybe\" is not a boolean"), std::string::npos)
+      << s.warnings[0];
+  EXPECT_NE(s.warnings[0].find("read as false"), std::string::npos) << s.warnings[0];
+  for (const char* quiet : {"0", "false", "No", " off ", "", "1", "TRUE", "on"}) {
+    EXPECT_TRUE(load({{"DDO_VERBOSE", quiet}}).warnings.empty()) << quiet;
+  }
+  s = load({{"DDO_PLAN", "please"}});
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_NE(s.warnings[0].find("DDO_PLAN=\"please\""), std::string::npos) << s.warnings[0];
+  EXPECT_TRUE(load({}).to_json().at("warnings").empty());
+}
+
+TEST(Settings, OverridesOutOfRangeNameTheKey) {
+  SettingsRequest r = request();
+  r.overrides = {{"vram_cap_gb", 16e9}};
+  Status s = load_error({}, r);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("override vram_cap_gb=1.6e+10 is out of range; use GiB in [0, 65536]"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(Settings, AvailableRamOfAHandMadeConfigIsChecked) {
+  DynamicOffloadSettings s;
+  s.config.available_system_ram_gb = 1e300;  // skipped validation
+  try {
+    (void)s.available_ram_bytes();
+    FAIL() << "expected ddo::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("available_system_ram_gb"), std::string::npos);
+  }
+}
+
 TEST(Settings, EnumVariables) {
   const DynamicOffloadSettings s = load({{"DDO_EXECUTION_MODE", "sdnq_runtime"},
                                          {"DDO_AUTO_BUDGET_POLICY", "off"},

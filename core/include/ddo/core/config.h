@@ -28,12 +28,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "ddo/core/status.h"
+#include "ddo/core/units.h"  // kGiB, to_bytes: the unit of every *_gb / *_mb field
 
 namespace ddo::core {
-
-inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-inline constexpr double kMiB = 1024.0 * 1024.0;
-inline constexpr double kKiB = 1024.0;
 
 // How weights reach the execution device (spec §2).
 enum class ExecutionMode {
@@ -163,14 +160,30 @@ nlohmann::json config_to_json(const DynamicOffloadConfig& config);
 // Sets the fields named by the keys of `object` (a JSON object), with typed checks: booleans take
 // true/false, numbers any JSON number (integer fields reject fractions), strings a string, lists
 // an array of strings or one string, enums their spellings, `available_system_ram_gb` also null
-// (= detect). `pin_weight_budget_ratio` is clamped to [0, 1]. Unknown names fail with
-// kInvalidArgument listing all of them, with suggestions and the valid names. The result must
-// pass `validate_config`. All or nothing: on any error `config` is unchanged.
-Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& object);
+// (= detect). Each number must lie in its field's range (validate_config); an error names the
+// override key, the value and the range. `pin_weight_budget_ratio` is clamped to [0, 1], and a
+// clamp appends a warning naming the key to `warnings` (when given). Unknown names fail with
+// kInvalidArgument listing all of them, with suggestions and the valid names. All or nothing: on
+// any error `config` and `warnings` are unchanged.
+Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& object,
+                       std::vector<std::string>* warnings = nullptr);
 
-// Checks the invariants a config must hold before use: pin_cpu_workers >= 1, sizes >= 0, every
-// GiB / MiB value finite and (except sim_pinnable_gb) >= 0, ratio in [0, 1], a known safetensors
-// backend, and module patterns that compile as ECMAScript regexes. Messages name the field.
+// Checks every field against its rule in the field table (Note [Config field table] in
+// config.cpp): each number finite and in its range (memory figures up to 64 TiB, so every
+// conversion to bytes fits; pin_cpu_workers in [1, 1024]; sim_copy_gbps 0 or in [0.1, 10000];
+// pin_weight_budget_ratio any number but NaN, as it is clamped where used), a known safetensors
+// backend, and module patterns within the pattern limits that compile as ECMAScript regexes.
+// Messages start with "config field <name>" and say what to write.
 Status validate_config(const DynamicOffloadConfig& config);
+
+// The check every module pattern (skip, always-resident, resident, the inferred block patterns)
+// passes before std::regex compiles it: at most 1,000 characters and 32 levels of nested groups
+// (deeper input overflowed the stack inside std::regex and killed the process), and valid
+// ECMAScript. The message names `source`[`index`] and the limit.
+//
+//   check_module_pattern("skip_modules_pattern", 0, std::string(20000, '(')).message();
+//   // "skip_modules_pattern[0] is 20000 characters long; a module pattern may have at most 1000
+//   ..."
+Status check_module_pattern(std::string_view source, std::size_t index, const std::string& pattern);
 
 }  // namespace ddo::core

@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -76,6 +77,10 @@ struct DynamicOffloadSettings {
   // Keyed by the environment spelling of the component (e.g. "TEXT_ENCODER"); only components
   // named by a DDO_<COMPONENT>_ROUTE / _PRESET variable appear. Use policy_for to look up.
   std::map<std::string, ComponentPolicy> component_policies;
+  // What resolving accepted with a change the user may not expect, one line each naming the
+  // source and the value: a clamped ratio (spec: clamped to [0, 1]), a boolean variable whose
+  // text is none of 1/true/yes/on/0/false/no/off (spec: read as false). Empty when none.
+  std::vector<std::string> warnings;
 
   // Resolves a request against `env`; throws ddo::Error (kInvalidArgument) on bad input, e.g.
   // `DDO_RESIDENT_MODULE_BUDGET_GB="6GB" is not a number; write GiB as 6 or 5.5`.
