@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from . import _C
+from . import sdnq as _sdnq
 from ._progress import SetupProgress
 from .config import DynamicOffloadConfig, DynamicOffloadSettings, _config_fields
 from .profiles import model_class_name
@@ -109,6 +110,21 @@ class OffloadResult:
         self._native = native
         self._kept = kept
         self._events = events
+        self._sdnq_modules: list[nn.Module] = []
+
+    def _install_sdnq_forwards(self) -> None:
+        # While the offload executes, SDNQ layers run ddo::sdnq_linear (their packed tensors may
+        # be streamed); in plan mode nothing moved and they keep their own forward.
+        if not self._native.report().get("executing", False):
+            return
+        for module in self.module.modules():
+            if not _sdnq.is_sdnq_layer(module):
+                continue
+            code = _sdnq.sdnq_layout(module)
+            if isinstance(code, str):
+                continue
+            _sdnq.install_forward(module, code)
+            self._sdnq_modules.append(module)
 
     # -- the seed's API ---------------------------------------------------------------------
     def profile_run(self) -> ProfileRunContext:
@@ -124,6 +140,9 @@ class OffloadResult:
     def remove(self) -> None:
         """Restores the model: every tensor ordinary again, on its original device. Idempotent."""
         self._native.remove()
+        for module in self._sdnq_modules:
+            _sdnq.restore_forward(module)
+        self._sdnq_modules = []
         if getattr(self.module, _ATTR, None) is self:
             try:
                 delattr(self.module, _ATTR)
@@ -178,6 +197,9 @@ class OffloadResult:
 
 
 def _kind(module: nn.Module) -> str:
+    # Before the Linear rule: sdnq's SDNQLinear subclasses nn.Linear, but its weight is packed.
+    if _sdnq.is_sdnq_layer(module):
+        return "sdnq" if not isinstance(_sdnq.sdnq_layout(module), str) else "other"
     if isinstance(module, nn.Linear):
         return "linear"
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -221,7 +243,17 @@ def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]]]:
                 }
             )
         is_leaf = not any(child is not None for child in module._modules.values())
-        entries.append((name, type(module).__qualname__, _kind(module), is_leaf, slots))
+        kind = _kind(module)
+        if kind == "other" and _sdnq.is_sdnq_layer(module) and not refused:
+            kept.append(
+                {
+                    "module": name,
+                    "reason": f"{_sdnq.sdnq_layout(module)}; moved to the device whole, its own "
+                    "forward runs",
+                    "placed": True,
+                }
+            )
+        entries.append((name, type(module).__qualname__, kind, is_leaf, slots))
     return entries, kept
 
 
@@ -298,9 +330,10 @@ def _enable(
     model_class = model_class_name(model)
     entries, kept = _gather(model)
     overrides = dict(overrides)
-    if kept:
+    skipped = [k for k in kept if not k.get("placed")]
+    if skipped:
         patterns = _resolved_skip_patterns(preset, settings, config, overrides)
-        overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in kept]
+        overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in skipped]
 
     # preset=None means "DDO_PRESET, else auto": resolve through the settings loader.
     if settings is None and config is None and preset is None:
@@ -327,6 +360,7 @@ def _enable(
         raise
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
+    result._install_sdnq_forwards()
     try:
         object.__setattr__(model, _ATTR, result)
     except Exception:  # a module that forbids attributes still works through the result

@@ -667,6 +667,18 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
             "execution_device \"cpu\" is valid only in plan mode (execution_mode=plan); use "
             "\"cuda:N\" for a GPU or \"sim\" for the host simulation");
 
+  // The runtime follows the model (core::resolve_execution_mode): SDNQ layers take sdnq_runtime.
+  s->inventory = to_inventory(s->tree, s->torch_device);
+  if (const core::ExecutionMode mode =
+          core::resolve_execution_mode(config.execution_mode, s->inventory);
+      mode != config.execution_mode) {
+    internal::emit(*s, "execution_mode", 0.0,
+                   {{"requested", core::to_string(config.execution_mode)},
+                    {"effective", core::to_string(mode)},
+                    {"reason", "the model has SDNQ layers"}});
+    config.execution_mode = mode;
+  }
+
   // The device and its memory facts.
   std::int64_t total_vram = 0;
   if (s->executing) {
@@ -704,7 +716,6 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
 
   // Inventory and plan.
   t0 = internal::Clock::now();
-  s->inventory = to_inventory(s->tree, s->torch_device);
   core::PlanContext ctx;
   ctx.total_vram_bytes = total_vram;
   ctx.available_ram_bytes = s->settings.available_ram_bytes();

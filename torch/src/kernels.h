@@ -30,6 +30,17 @@ at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
 at::Tensor embedding_cpu(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
                          bool scale_grad_by_freq, bool sparse);
 
+// ddo::sdnq_linear / ddo::sdnq_dequantize (intercept_sdnq.cpp).
+at::Tensor sdnq_linear_cpu(const at::Tensor& input, const at::Tensor& weight,
+                           const at::Tensor& scale, const std::optional<at::Tensor>& zero_point,
+                           const std::optional<at::Tensor>& svd_up,
+                           const std::optional<at::Tensor>& svd_down,
+                           const std::optional<at::Tensor>& bias, at::IntArrayRef layout);
+at::Tensor sdnq_dequantize_cpu(const at::Tensor& weight, const at::Tensor& scale,
+                               const std::optional<at::Tensor>& zero_point,
+                               const std::optional<at::Tensor>& svd_up,
+                               const std::optional<at::Tensor>& svd_down, at::IntArrayRef layout);
+
 #ifdef DDO_HAVE_CUDA
 at::Tensor addmm_cuda(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                       const c10::Scalar& beta, const c10::Scalar& alpha);
@@ -41,6 +52,15 @@ at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
                             at::IntArrayRef output_padding, int64_t groups);
 at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
                           bool scale_grad_by_freq, bool sparse);
+at::Tensor sdnq_linear_cuda(const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& scale, const std::optional<at::Tensor>& zero_point,
+                            const std::optional<at::Tensor>& svd_up,
+                            const std::optional<at::Tensor>& svd_down,
+                            const std::optional<at::Tensor>& bias, at::IntArrayRef layout);
+at::Tensor sdnq_dequantize_cuda(const at::Tensor& weight, const at::Tensor& scale,
+                                const std::optional<at::Tensor>& zero_point,
+                                const std::optional<at::Tensor>& svd_up,
+                                const std::optional<at::Tensor>& svd_down, at::IntArrayRef layout);
 #endif
 
 }  // namespace ddo::adapter::internal::kernels

@@ -5,10 +5,16 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ddo/sdnq/linear.h"
+
 namespace ddo::adapter {
 namespace {
 
 core::ModuleKind detect_kind(const torch::nn::Module& module) {
+  // Before the Linear rule: an SDNQ layer streams its packed tensors, not a dense weight.
+  if (dynamic_cast<const sdnq::SdnqLinearImpl*>(&module) != nullptr) {
+    return core::ModuleKind::kSdnq;
+  }
   if (dynamic_cast<const torch::nn::LinearImpl*>(&module) != nullptr) {
     return core::ModuleKind::kLinear;
   }

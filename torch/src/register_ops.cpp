@@ -158,6 +158,8 @@ class DropOverrideWarning : public c10::WarningHandler {
 struct Libraries {
   std::unique_ptr<torch::Library> cpu;
   std::unique_ptr<torch::Library> cuda;
+  std::unique_ptr<torch::Library> ddo_cpu;  // over libddo_sdnq's own kernels
+  std::unique_ptr<torch::Library> ddo_cuda;
 };
 
 std::mutex g_registration_mutex;  // guards g_libraries and g_refs
@@ -175,6 +177,10 @@ Libraries* register_kernels() {
   libs->cpu->impl("bmm", TORCH_FN(kernels::bmm_cpu));
   libs->cpu->impl("convolution", TORCH_FN(kernels::convolution_cpu));
   libs->cpu->impl("embedding", TORCH_FN(kernels::embedding_cpu));
+  libs->ddo_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo",
+                                                   c10::DispatchKey::CPU, __FILE__, __LINE__);
+  libs->ddo_cpu->impl("sdnq_linear", TORCH_FN(kernels::sdnq_linear_cpu));
+  libs->ddo_cpu->impl("sdnq_dequantize", TORCH_FN(kernels::sdnq_dequantize_cpu));
 #ifdef DDO_HAVE_CUDA
   set_current_stream_fn(&cuda_current_stream);
   libs->cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
@@ -184,6 +190,10 @@ Libraries* register_kernels() {
   libs->cuda->impl("bmm", TORCH_FN(kernels::bmm_cuda));
   libs->cuda->impl("convolution", TORCH_FN(kernels::convolution_cuda));
   libs->cuda->impl("embedding", TORCH_FN(kernels::embedding_cuda));
+  libs->ddo_cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo",
+                                                    c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  libs->ddo_cuda->impl("sdnq_linear", TORCH_FN(kernels::sdnq_linear_cuda));
+  libs->ddo_cuda->impl("sdnq_dequantize", TORCH_FN(kernels::sdnq_dequantize_cuda));
 #endif
   return libs;
 }

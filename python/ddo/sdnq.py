@@ -1,0 +1,230 @@
+"""SDNQ layers under ddo: recognising them, their layout code, and the forward ddo runs.
+
+A layer quantized by SD.Next's ``sdnq`` package (``SDNQLinear``, a subclass of ``nn.Linear``)
+carries ``forward_func`` and ``sdnq_dequantizer`` and its tensors under the package's names
+(weight, scale, zero_point, svd_up, svd_down, bias). ddo streams those tensors as one unit per
+layer and, while the offload is active, replaces the layer's forward by the ``ddo::sdnq_linear``
+op: dequantize on the device (one kernel), then linear — the package's own dequantize path,
+bit for bit. ``sdnq`` itself is never imported here: everything is read off the module.
+
+Layouts ddo does not run (Hadamard rotation, codebooks, double-quantized scales, bit widths other
+than 4 and 8, convolutions and embeddings) keep their own forward: the Python glue gives them
+kind "other", so their tensors are moved to the device once, whole, and the report lists why.
+
+    code = sdnq_layout(layer)            # list[int] for ddo::sdnq_linear, or a reason (str)
+    y = torch.ops.ddo.sdnq_linear(x, layer.weight, layer.scale, None, None, None, layer.bias, code)
+
+ddo quantizes too, without the package: :func:`quantize_linear` turns a dense ``nn.Linear`` into a
+:class:`QuantizedLinear` holding the tensors ``sdnq`` would make for the same weight and options,
+bit for bit (ddo::sdnq_quantize, sdnq/src/quantize.cpp). ddo recognises it by its
+``ddo_sdnq_layout`` attribute, the layout code.
+
+    q = quantize_linear(nn.Linear(3072, 3072).bfloat16(), "uint4")   # group 64, the default
+    q.ddo_sdnq_layout                   # [1, 3, 15, 3072, 3072, 64, 0]
+    y = q(x)                            # dequantize, then linear
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+__all__ = ["is_sdnq_layer", "sdnq_layout", "dequantize", "quantize_linear", "QuantizedLinear"]
+
+_LAYOUT_VERSION = 1
+# ddo::sdnq::QuantType (sdnq/include/ddo/sdnq/layout.h).
+_TYPES = {"int8": 0, "uint8": 1, "int4": 2, "uint4": 3, "float8_e4m3fn": 4, "float8_e5m2": 5}
+# c10::ScalarType values of the result dtypes ddo's kernel writes.
+_RESULT_DTYPES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+# Tensors of the format that ddo's dequantize does not read: a layer using one keeps its forward.
+_UNSUPPORTED_TENSORS = ("scale_2", "scale_zero_point", "zero_point_scale", "zero_point_2")
+
+_ORIGINAL_FORWARD = "_ddo_sdnq_original_forward"
+
+
+# The attribute that marks a layer ddo quantized (QuantizedLinear): its layout code.
+_DDO_LAYOUT = "ddo_sdnq_layout"
+
+
+def is_sdnq_layer(module: nn.Module) -> bool:
+    """True for a module quantized by the ``sdnq`` package (forward_func + sdnq_dequantizer) or
+    by ddo (:class:`QuantizedLinear`, ``ddo_sdnq_layout``)."""
+    if isinstance(getattr(module, _DDO_LAYOUT, None), list):
+        return True
+    return hasattr(module, "forward_func") and hasattr(module, "sdnq_dequantizer")
+
+
+def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
+    """The layout code ddo's op takes for this SDNQ layer, or why ddo cannot run it (a str)."""
+    code = getattr(module, _DDO_LAYOUT, None)
+    if isinstance(code, list):
+        return list(code)
+    d = module.sdnq_dequantizer
+    if not isinstance(module, nn.Linear):
+        return f"sdnq_{type(module).__name__}: only quantized Linear layers are streamed"
+    wd = getattr(d, "weights_dtype", None)
+    if wd not in _TYPES:
+        return f"sdnq_weights_dtype_{wd}: ddo runs int8, uint8, int4, uint4 and float8 weights"
+    for flag in ("use_hadamard", "use_codebook", "use_codebook_scale"):
+        if getattr(d, flag, False):
+            return f"sdnq_{flag}: not supported by ddo's dequantize"
+    for name in _UNSUPPORTED_TENSORS:
+        if getattr(module, name, None) is not None:
+            return f"sdnq_{name}: double-quantized scales are not supported by ddo's dequantize"
+    result_dtype = getattr(d, "result_dtype", None)
+    if result_dtype not in _RESULT_DTYPES:
+        return f"sdnq_result_dtype_{result_dtype}: ddo writes bfloat16, float16 or float32"
+    shape = tuple(getattr(d, "original_shape", ()) or ())
+    if len(shape) != 2:
+        return f"sdnq_original_shape_{shape}: a Linear weight is 2-D"
+    out_features, in_features = int(shape[0]), int(shape[1])
+    group = int(getattr(d, "group_size", 0) or 0)
+    if group < 0:
+        group = 0
+    transposed = bool(getattr(d, "use_quantized_matmul", False))
+    if transposed and (group or wd != "int8"):
+        return "sdnq_quantized_matmul: only the int8 per-row matmul layout is supported"
+    if transposed and getattr(module, "svd_up", None) is not None:
+        # The int8-matmul layout stores svd_up [r, out] and svd_down [in, r] (transposed).
+        return "sdnq_quantized_matmul_svd: SVD factors of the int8 matmul layout are not supported"
+    return [
+        _LAYOUT_VERSION,
+        _TYPES[wd],
+        _RESULT_DTYPES[result_dtype],
+        out_features,
+        in_features,
+        group,
+        1 if transposed else 0,
+    ]
+
+
+def install_forward(module: nn.Module, code: list[int]) -> None:
+    """Serves ``module`` through ddo::sdnq_linear until :func:`restore_forward`.
+
+    The closure holds the module's own Parameter objects: ddo re-points them in place
+    (``set_data``), so it always sees where the tensors live now. One op call per forward, no
+    attribute lookups.
+    """
+    op = torch.ops.ddo.sdnq_linear
+    weight = module.weight
+    scale = module.scale
+    zero_point = getattr(module, "zero_point", None)
+    svd_up = getattr(module, "svd_up", None)
+    svd_down = getattr(module, "svd_down", None)
+    bias = module.bias
+
+    def forward(input: torch.Tensor) -> torch.Tensor:
+        return op(input, weight, scale, zero_point, svd_up, svd_down, bias, code)
+
+    if _ORIGINAL_FORWARD not in module.__dict__:
+        object.__setattr__(module, _ORIGINAL_FORWARD, module.__dict__.get("forward"))
+    object.__setattr__(module, "forward", forward)
+
+
+def restore_forward(module: nn.Module) -> None:
+    if _ORIGINAL_FORWARD not in module.__dict__:
+        return
+    original = module.__dict__.pop(_ORIGINAL_FORWARD)
+    if original is None:
+        module.__dict__.pop("forward", None)
+    else:
+        object.__setattr__(module, "forward", original)
+
+
+def dequantize(module: nn.Module) -> torch.Tensor:
+    """The layer's dequantized [out, in] weight, computed by ddo (its kernel on CUDA)."""
+    code = sdnq_layout(module)
+    if isinstance(code, str):
+        raise ValueError(f"ddo cannot dequantize this layer: {code}")
+    return torch.ops.ddo.sdnq_dequantize(
+        module.weight,
+        module.scale,
+        getattr(module, "zero_point", None),
+        getattr(module, "svd_up", None),
+        getattr(module, "svd_down", None),
+        code,
+    )
+
+
+class QuantizedLinear(nn.Linear):
+    """A Linear quantized by ddo, in the ``sdnq`` package's format.
+
+    Its parameters carry the package's names (weight, scale, zero_point, svd_up, svd_down, bias;
+    the unused ones are ``None``), so its tensors load into a package layer and back. It has no
+    ``forward_func`` nor ``sdnq_dequantizer``: ``ddo_sdnq_layout`` (the layout code) is what ddo
+    reads, and the forward is one ddo::sdnq_linear call.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        tensors: dict,
+        layout: list[int],
+        bias: Optional[torch.Tensor] = None,
+    ) -> None:
+        # nn.Module's initialiser, not nn.Linear's: that one would allocate a dense weight.
+        nn.Module.__init__(self)
+        self.in_features = in_features
+        self.out_features = out_features
+        for name in ("weight", "scale", "zero_point", "svd_up", "svd_down"):
+            t = tensors.get(name)
+            self.register_parameter(name, None if t is None else nn.Parameter(t, requires_grad=False))
+        self.register_parameter("bias", None if bias is None else nn.Parameter(bias, requires_grad=False))
+        self.ddo_sdnq_layout = [int(v) for v in layout]
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ddo.sdnq_linear(
+            input, self.weight, self.scale, self.zero_point, self.svd_up, self.svd_down, self.bias,
+            self.ddo_sdnq_layout,
+        )
+
+    def extra_repr(self) -> str:
+        t = {v: k for k, v in _TYPES.items()}.get(self.ddo_sdnq_layout[1], "?")
+        group = self.ddo_sdnq_layout[5]
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, {t}, "
+            f"group_size={group if group else 'per row'}, svd={self.svd_up is not None}"
+        )
+
+
+@torch.no_grad()
+def quantize_linear(
+    linear: nn.Linear,
+    weights_dtype: str = "int8",
+    group_size: int = -1,
+    use_svd: bool = False,
+    svd_rank: int = 32,
+    *,
+    svd_steps: int = 8,
+    transposed: bool = False,
+    result_dtype: Optional[torch.dtype] = None,
+) -> QuantizedLinear:
+    """Quantizes ``linear`` as ``sdnq.sdnq_post_load_quant`` would, bit for bit.
+
+    ``group_size``: -1 the package's default for the type (64 for 4-bit types, 1024 for 8-bit
+    ones from 2048 inputs up, doubled with SVD), 0 one scale per row, > 0 about that many inputs
+    per scale (the package's rule picks a divisor of in_features). ``transposed`` asks for the
+    int8-matmul layout (the package's use_quantized_matmul); it falls back to the plain layout
+    where the package does. With ``use_svd`` the factors are randomized: seed
+    ``torch.manual_seed`` the same way as for the package to get the same bits.
+    ``result_dtype`` defaults to the weight's dtype (the package's torch_dtype).
+    """
+    if not isinstance(linear, nn.Linear) or is_sdnq_layer(linear):
+        raise TypeError(f"quantize_linear takes a dense nn.Linear, got {type(linear).__name__}")
+    weight, scale, zero_point, svd_up, svd_down, layout = torch.ops.ddo.sdnq_quantize(
+        linear.weight.detach(),
+        weights_dtype,
+        group_size,
+        use_svd,
+        svd_rank,
+        transposed,
+        svd_steps,
+        result_dtype,
+    )
+    tensors = dict(weight=weight, scale=scale, zero_point=zero_point, svd_up=svd_up, svd_down=svd_down)
+    bias = None if linear.bias is None else linear.bias.detach().clone()
+    return QuantizedLinear(linear.in_features, linear.out_features, tensors, list(layout), bias)

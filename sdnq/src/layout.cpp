@@ -1,0 +1,166 @@
+#include "ddo/sdnq/layout.h"
+
+#include <array>
+#include <utility>
+
+#include "ddo/core/status.h"
+
+namespace ddo::sdnq {
+namespace {
+
+constexpr std::int64_t kLayoutVersion = 1;
+
+constexpr std::array<std::pair<QuantType, const char*>, 6> kTypeNames = {{
+    {QuantType::kInt8, "int8"},
+    {QuantType::kUint8, "uint8"},
+    {QuantType::kInt4, "int4"},
+    {QuantType::kUint4, "uint4"},
+    {QuantType::kFloat8E4M3, "float8_e4m3fn"},
+    {QuantType::kFloat8E5M2, "float8_e5m2"},
+}};
+
+std::string shape_text(c10::IntArrayRef shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+void check_tensor(const at::Tensor& t, const char* name, c10::ScalarType dtype,
+                  const std::vector<std::int64_t>& shape, const Layout& layout) {
+  DDO_CHECK(t.defined(), Code::kInvalidArgument, "SDNQ ", to_string(layout.type), " layer: '", name,
+            "' is missing; a ", to_string(layout.type), " layer needs it");
+  DDO_CHECK(t.scalar_type() == dtype, Code::kInvalidArgument, "SDNQ ", to_string(layout.type),
+            " layer: '", name, "' is ", c10::toString(t.scalar_type()), ", expected ",
+            c10::toString(dtype));
+  DDO_CHECK(t.sizes().vec() == shape, Code::kInvalidArgument, "SDNQ ", to_string(layout.type),
+            " layer [", layout.out, ", ", layout.in, "]: '", name, "' has shape ",
+            shape_text(t.sizes()), ", expected ", shape_text(shape));
+}
+
+}  // namespace
+
+const char* to_string(QuantType type) {
+  for (const auto& [value, name] : kTypeNames) {
+    if (value == type) return name;
+  }
+  return "unknown";
+}
+
+QuantType parse_quant_type(std::string_view text) {
+  for (const auto& [value, name] : kTypeNames) {
+    if (text == name) return value;
+  }
+  throw Error(Code::kInvalidArgument,
+              ddo::internal::str_cat("SDNQ weights_dtype \"", text,
+                                     "\" is not supported by ddo; use one of int8, uint8, int4, "
+                                     "uint4, float8_e4m3fn, float8_e5m2"));
+}
+
+c10::ScalarType storage_dtype(QuantType t) {
+  switch (t) {
+    case QuantType::kInt8:
+      return c10::kChar;
+    case QuantType::kFloat8E4M3:
+      return c10::ScalarType::Float8_e4m3fn;
+    case QuantType::kFloat8E5M2:
+      return c10::ScalarType::Float8_e5m2;
+    default:
+      return c10::kByte;
+  }
+}
+
+std::vector<std::int64_t> Layout::quantized_shape() const {
+  if (transposed) return {in, out};
+  if (group_size > 0) return {out, groups(), group_size};
+  return {out, in};
+}
+
+std::vector<std::int64_t> Layout::scale_shape() const {
+  if (transposed) return {1, out};
+  if (group_size > 0) return {out, groups(), 1};
+  return {out, 1};
+}
+
+std::vector<std::int64_t> Layout::stored_shape() const {
+  if (is_packed(type)) return {out * in / 2};
+  return quantized_shape();
+}
+
+std::int64_t Layout::weight_bytes() const {
+  return is_packed(type) ? out * in / 2 : out * in;
+}
+
+std::vector<std::int64_t> Layout::encode() const {
+  return {kLayoutVersion,
+          static_cast<std::int64_t>(type),
+          static_cast<std::int64_t>(result_dtype),
+          out,
+          in,
+          group_size,
+          transposed ? 1 : 0};
+}
+
+Layout Layout::decode(c10::IntArrayRef code) {
+  DDO_CHECK(code.size() == 7 && code[0] == kLayoutVersion, Code::kInvalidArgument,
+            "SDNQ layout code ", shape_text(code),
+            " is not a ddo layout (version 1, 7 integers); build it with Layout::encode() or "
+            "ddo.sdnq.layout_code()");
+  Layout l;
+  DDO_CHECK(code[1] >= 0 && code[1] <= static_cast<std::int64_t>(QuantType::kFloat8E5M2),
+            Code::kInvalidArgument, "SDNQ layout code: unknown type ", code[1]);
+  l.type = static_cast<QuantType>(code[1]);
+  const auto dtype = static_cast<c10::ScalarType>(code[2]);
+  DDO_CHECK(dtype == c10::kBFloat16 || dtype == c10::kHalf || dtype == c10::kFloat,
+            Code::kInvalidArgument, "SDNQ layout code: result dtype ", code[2],
+            " is not bfloat16, float16 or float32");
+  l.result_dtype = dtype;
+  l.out = code[3];
+  l.in = code[4];
+  l.group_size = code[5];
+  l.transposed = code[6] != 0;
+  DDO_CHECK(l.out > 0 && l.in > 0, Code::kInvalidArgument, "SDNQ layout code: shape [", l.out, ", ",
+            l.in, "] must be positive");
+  DDO_CHECK(l.group_size >= 0 && (l.group_size == 0 || l.in % l.group_size == 0),
+            Code::kInvalidArgument, "SDNQ layout code: group size ", l.group_size,
+            " must be 0 (per row) or divide the ", l.in, " input features");
+  DDO_CHECK(!(l.transposed && (l.group_size > 0 || is_packed(l.type))), Code::kInvalidArgument,
+            "SDNQ layout code: the transposed (int8 matmul) layout has one scale per row and an "
+            "unpacked weight");
+  DDO_CHECK(!is_packed(l.type) || (l.out * l.in) % 2 == 0, Code::kInvalidArgument,
+            "SDNQ layout code: a 4-bit weight needs an even number of elements");
+  return l;
+}
+
+void Layout::check(const QuantizedWeight& w) const {
+  check_tensor(w.weight, "weight", storage_dtype(type), stored_shape(), *this);
+  DDO_CHECK(w.scale.defined(), Code::kInvalidArgument, "SDNQ layer: 'scale' is missing");
+  const c10::ScalarType compute = w.scale.scalar_type();
+  DDO_CHECK(compute == c10::kFloat || compute == c10::kBFloat16 || compute == c10::kHalf,
+            Code::kInvalidArgument, "SDNQ layer: 'scale' is ", c10::toString(compute),
+            "; expected float32, bfloat16 or float16");
+  check_tensor(w.scale, "scale", compute, scale_shape(), *this);
+  if (is_unsigned(type)) {
+    check_tensor(w.zero_point, "zero_point", compute, scale_shape(), *this);
+  } else {
+    DDO_CHECK(!w.zero_point.defined(), Code::kInvalidArgument, "SDNQ ", to_string(type),
+              " layer has a 'zero_point', but signed types are symmetric; drop it or use the "
+              "unsigned type");
+  }
+  DDO_CHECK(w.svd_up.defined() == w.svd_down.defined(), Code::kInvalidArgument,
+            "SDNQ layer: 'svd_up' and 'svd_down' come together; one of them is missing");
+  if (w.svd_up.defined()) {
+    DDO_CHECK(w.svd_up.dim() == 2 && w.svd_down.dim() == 2 && w.svd_up.size(0) == out &&
+                  w.svd_down.size(1) == in && w.svd_up.size(1) == w.svd_down.size(0),
+              Code::kInvalidArgument, "SDNQ layer [", out, ", ", in, "]: svd_up ",
+              shape_text(w.svd_up.sizes()), " and svd_down ", shape_text(w.svd_down.sizes()),
+              " must be [out, r] and [r, in]");
+    DDO_CHECK(w.svd_up.scalar_type() == result_dtype && w.svd_down.scalar_type() == result_dtype,
+              Code::kInvalidArgument, "SDNQ layer: the SVD factors must be ",
+              c10::toString(result_dtype), " (the result dtype)");
+  }
+}
+
+}  // namespace ddo::sdnq

@@ -1,0 +1,99 @@
+// The CUDA dequantize kernel against the ATen reference on the same GPU, every layout, odd
+// shapes (scalar path) and aligned ones (vector path): bit-equal (Note [Bit-equal dequantize]).
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <gtest/gtest.h>
+
+#include "ddo/sdnq/dequantize.h"
+#include "ddo/sdnq/quantize.h"
+
+namespace ddo::sdnq {
+namespace {
+
+bool have_gpu() {
+#if DDO_HAVE_CUDA
+  return at::cuda::is_available();
+#else
+  return false;
+#endif
+}
+
+struct KCase {
+  QuantType type;
+  std::int64_t out, in, group_size;
+  bool transposed;
+  c10::ScalarType result;
+};
+
+std::string kname(const KCase& c) {
+  return std::string(to_string(c.type)) + "_" + std::to_string(c.out) + "x" + std::to_string(c.in) +
+         "_g" + std::to_string(c.group_size) + (c.transposed ? "_t" : "") + "_" +
+         c10::toString(c.result);
+}
+
+const KCase kKernelCases[] = {
+    {QuantType::kInt8, 3072, 3072, 0, false, at::kBFloat16},
+    {QuantType::kInt8, 96, 256, 64, false, at::kBFloat16},
+    {QuantType::kInt8, 37, 29, 0, false, at::kBFloat16},  // odd: scalar path
+    {QuantType::kInt8, 40, 24, 0, true, at::kBFloat16},   // transposed
+    {QuantType::kUint8, 64, 128, 0, false, at::kHalf},
+    {QuantType::kInt4, 128, 256, 64, false, at::kBFloat16},
+    {QuantType::kUint4, 3072, 12288, 64, false, at::kBFloat16},
+    {QuantType::kUint4, 33, 96, 32, false, at::kBFloat16},
+    {QuantType::kUint4, 10, 12, 4, false, at::kFloat},  // group 4: scalar path
+    {QuantType::kFloat8E4M3, 256, 512, 0, false, at::kBFloat16},
+    {QuantType::kFloat8E5M2, 31, 62, 0, false, at::kBFloat16},
+};
+
+class DequantizeKernel : public ::testing::TestWithParam<KCase> {};
+
+TEST_P(DequantizeKernel, BitEqualToTheReferenceOnTheSameDevice) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";
+  const KCase c = GetParam();
+  at::manual_seed(3);
+  const at::Tensor dense = at::randn({c.out, c.in}, at::kFloat).to(c.result);
+  QuantizeOptions opt;
+  opt.type = c.type;
+  opt.group_size = c.group_size;
+  opt.transposed = c.transposed;
+  auto [w, layout] = quantize(dense, opt);
+  QuantizedWeight g{w.weight.cuda(),
+                    w.scale.cuda(),
+                    w.zero_point.defined() ? w.zero_point.cuda() : at::Tensor(),
+                    {},
+                    {}};
+  ASSERT_TRUE(kernel_supports(g, layout));
+  const at::Tensor k = dequantize(g, layout);
+  const at::Tensor r = dequantize_reference(g, layout);
+  ASSERT_EQ(k.sizes(), r.sizes());
+  ASSERT_EQ(k.scalar_type(), r.scalar_type());
+  const at::Tensor diff = (k.to(at::kFloat) - r.to(at::kFloat)).abs();
+  EXPECT_TRUE(at::equal(k, r)) << kname(c) << ": " << (k != r).sum().item<int64_t>()
+                               << " elements differ, max " << diff.max().item<double>();
+  // And the CPU reference agrees except for the fused multiply-add of unsigned types.
+  const at::Tensor cpu = dequantize_reference(w, layout);
+  const double cpu_diff = (cpu.to(at::kFloat) - k.cpu().to(at::kFloat)).abs().max().item<double>();
+  EXPECT_LE(cpu_diff, is_unsigned(c.type) ? 1e-2 : 0.0) << kname(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DequantizeKernel, ::testing::ValuesIn(kKernelCases),
+                         [](const auto& info) { return kname(info.param); });
+
+TEST(DequantizeKernelSvd, SvdFactorsAddedInTheResultDtype) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";
+  at::manual_seed(4);
+  const at::Tensor dense = at::randn({256, 512}).to(at::kBFloat16);
+  QuantizeOptions opt;
+  opt.type = QuantType::kUint4;
+  opt.use_svd = true;
+  opt.svd_rank = 16;
+  auto [w, layout] = quantize(dense, opt);
+  QuantizedWeight g{w.weight.cuda(), w.scale.cuda(), w.zero_point.cuda(), w.svd_up.cuda(),
+                    w.svd_down.cuda()};
+  EXPECT_TRUE(at::equal(dequantize(g, layout), dequantize_reference(g, layout)));
+}
+
+}  // namespace
+}  // namespace ddo::sdnq
