@@ -15,7 +15,17 @@ Status data_loss(std::string message) {
   return Status(Code::kDataLoss, std::move(message));
 }
 
-json normalize_at(const json& value, const std::string& where) {
+// A caller's context is nested at most kMaxJsonDepth deep: copying, comparing and dumping a JSON
+// value recurse once per level, and a context 100,000 levels deep overflowed the stack (Note
+// [Bounded JSON] in profile_store.cpp). The check comes before the recursion into a level, so
+// the walk itself stays within the bound.
+json normalize_at(const json& value, const std::string& where, int depth = 0) {
+  if ((value.is_array() || value.is_object()) && depth >= kMaxJsonDepth) {
+    throw Error(Code::kInvalidArgument,
+                fmt::format("{} is nested more than {} levels deep; a profile context holds at "
+                            "most {} levels of arrays and objects (flatten it)",
+                            where, kMaxJsonDepth, kMaxJsonDepth));
+  }
   switch (value.type()) {
     case json::value_t::null:
     case json::value_t::boolean:
@@ -32,7 +42,7 @@ json normalize_at(const json& value, const std::string& where) {
     case json::value_t::array: {
       json out = json::array();
       for (std::size_t i = 0; i < value.size(); ++i) {
-        out.push_back(normalize_at(value[i], fmt::format("{}[{}]", where, i)));
+        out.push_back(normalize_at(value[i], fmt::format("{}[{}]", where, i), depth + 1));
       }
       return out;
     }
@@ -40,7 +50,7 @@ json normalize_at(const json& value, const std::string& where) {
       // nlohmann::json objects are std::map-backed: inserting sorts the keys.
       json out = json::object();
       for (const auto& [key, item] : value.items()) {
-        out[key] = normalize_at(item, fmt::format("{}.{}", where, key));
+        out[key] = normalize_at(item, fmt::format("{}.{}", where, key), depth + 1);
       }
       return out;
     }
@@ -58,16 +68,55 @@ json normalize_at(const json& value, const std::string& where) {
                           where));
 }
 
+// A normalized context or details value of at most kMaxContextBytes as compact JSON, so that a
+// file of 20 observations stays far below kMaxProfileFileBytes and can always be read back.
+json normalize_bounded(const json& value, const std::string& where) {
+  json out = normalize_at(value, where);
+  const std::size_t bytes = canonical_json(out).size();
+  DDO_CHECK(bytes <= kMaxContextBytes, Code::kInvalidArgument, where, " is ", bytes,
+            " bytes as JSON, more than the ", kMaxContextBytes,
+            " a profile context may hold; keep contexts to the facts that select a budget "
+            "(model, GPU, resolution, steps)");
+  return out;
+}
+
 Status parse_context_record(const std::string& content, ContextRecord* record) {
-  json value = json::parse(content, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) return data_loss("not valid JSON (truncated or corrupt)");
+  json value;
+  DDO_RETURN_IF_ERROR(parse_json_bounded(content, &value));
   return ContextRecord::from_json(value, record);
+}
+
+// `prefix` names the observation in errors: "observations[3]." inside a record.
+Status context_observation_from_json(const json& value, const std::string& prefix,
+                                     ContextObservation* out) {
+  if (!value.is_object()) {
+    return data_loss(fmt::format("{} is not an object", prefix.substr(0, prefix.size() - 1)));
+  }
+  ContextObservation o;
+  auto success = value.find("success");
+  if (success == value.end() || !success->is_boolean()) {
+    return data_loss(fmt::format("{}success is missing or not a boolean", prefix));
+  }
+  o.success = success->get<bool>();
+  if (auto it = value.find("recorded_at"); it != value.end() && it->is_string()) {
+    o.recorded_at = it->get<std::string>();
+  }
+  if (auto it = value.find("metrics"); it != value.end()) {
+    if (!it->is_object()) return data_loss(fmt::format("{}metrics is not an object", prefix));
+    for (const auto& [metric, number] : it->items()) {
+      DDO_RETURN_IF_ERROR(checked_number(number, fmt::format("{}metrics.{}", prefix, metric),
+                                         kMetricRange, &o.metrics[metric]));
+    }
+  }
+  if (auto it = value.find("details"); it != value.end()) o.details = *it;
+  *out = std::move(o);
+  return Status::ok_status();
 }
 
 }  // namespace
 
 json normalize_context(const json& context) {
-  return normalize_at(context, "context");
+  return normalize_bounded(context, "context");
 }
 
 std::string context_key(const json& context) {
@@ -90,28 +139,7 @@ json ContextObservation::to_json() const {
 }
 
 Status ContextObservation::from_json(const json& value, ContextObservation* out) {
-  if (!value.is_object()) return data_loss("an observation is not an object");
-  ContextObservation o;
-  auto success = value.find("success");
-  if (success == value.end() || !success->is_boolean()) {
-    return data_loss("an observation has no boolean success");
-  }
-  o.success = success->get<bool>();
-  if (auto it = value.find("recorded_at"); it != value.end() && it->is_string()) {
-    o.recorded_at = it->get<std::string>();
-  }
-  if (auto it = value.find("metrics"); it != value.end()) {
-    if (!it->is_object()) return data_loss("an observation's metrics is not an object");
-    for (const auto& [metric, number] : it->items()) {
-      if (!number.is_number() || !std::isfinite(number.get<double>())) {
-        return data_loss(fmt::format("metric '{}' is not a finite number", metric));
-      }
-      o.metrics[metric] = number.get<double>();
-    }
-  }
-  if (auto it = value.find("details"); it != value.end()) o.details = *it;
-  *out = std::move(o);
-  return Status::ok_status();
+  return context_observation_from_json(value, "observation.", out);
 }
 
 json ContextRecommendation::to_json() const {
@@ -147,14 +175,11 @@ json ContextRecord::to_json() const {
 
 Status ContextRecord::from_json(const json& value, ContextRecord* out) {
   if (!value.is_object()) return data_loss("the file is not a JSON object");
-  auto schema = value.find("schema_version");
-  if (schema == value.end() || !schema->is_number_integer()) {
+  if (!value.contains("schema_version")) {
     return data_loss("no schema_version; not a ddo context profile");
   }
-  if (schema->get<int>() != kContextSchemaVersion) {
-    return data_loss(fmt::format("schema_version {} is not the supported version {}",
-                                 schema->get<int>(), kContextSchemaVersion));
-  }
+  DDO_RETURN_IF_ERROR(version_field(value, "schema_version", "", kContextSchemaVersion,
+                                    "record the context again"));
   ContextRecord r;
   auto context = value.find("context");
   auto key = value.find("context_key");
@@ -175,9 +200,10 @@ Status ContextRecord::from_json(const json& value, ContextRecord* out) {
   }
   if (auto it = value.find("observations"); it != value.end()) {
     if (!it->is_array()) return data_loss("observations is not an array");
-    for (const json& item : *it) {
+    for (std::size_t i = 0; i < it->size(); ++i) {
       ContextObservation o;
-      DDO_RETURN_IF_ERROR(ContextObservation::from_json(item, &o));
+      DDO_RETURN_IF_ERROR(
+          context_observation_from_json((*it)[i], fmt::format("observations[{}].", i), &o));
       r.observations.push_back(std::move(o));
     }
   }
@@ -224,14 +250,16 @@ Status HostContextStore::record_observation(const json& context,
                                             bool keep_history) {
   const json normalized = normalize_context(context);
   for (const auto& [metric, value] : observation.metrics) {
-    if (!std::isfinite(value)) {
-      return Status(
-          Code::kInvalidArgument,
-          fmt::format("observation metric '{}' is {}; record only finite numbers", metric, value));
+    // The range a reader accepts (kMetricRange): a metric written must read back.
+    if (!(value >= kMetricRange.min && value <= kMetricRange.max)) {
+      return Status(Code::kInvalidArgument,
+                    fmt::format("observation metric '{}' is {}; record finite numbers of at most "
+                                "2^53 in magnitude",
+                                metric, value));
     }
   }
   ContextObservation stored = observation;
-  stored.details = normalize_at(observation.details, "details");
+  stored.details = normalize_bounded(observation.details, "details");
   const std::string key = context_key(normalized);
   const fs::path path = path_for(normalized);
   const WarningSink& warn = options_.warn;
@@ -245,13 +273,12 @@ Status HostContextStore::record_observation(const json& context,
       if (parsed.ok()) {
         reused = true;
       } else {
-        fs::path kept = path;
-        kept += ".invalid";
+        fs::path kept;
+        DDO_RETURN_IF_ERROR(keep_invalid_file(path, &kept));
         warn(
-            fmt::format("replacing unreadable context profile '{}' ({}); the old content is "
-                        "kept in '{}'",
+            fmt::format("replacing unreadable context profile '{}' ({}); its content is kept in "
+                        "'{}'",
                         path.string(), parsed.message(), kept.string()));
-        DDO_RETURN_IF_ERROR(write_file_atomic(kept, *current, {}));
       }
     }
     if (!reused) {
@@ -275,7 +302,7 @@ Status HostContextStore::record_observation(const json& context,
     *next = record.to_json().dump(2) + "\n";
     return Status::ok_status();
   };
-  return update_file_locked(path, update, options_.write);
+  return update_file_locked(path, update, options_.write, warn);
 }
 
 CapacityLimits HostContextStore::read_capacity(const json& context) const {
@@ -295,8 +322,8 @@ DynamicOffloadProfileSession::DynamicOffloadProfileSession(HostContextStore stor
                                                            const json& execution_context,
                                                            const json& capacity_context)
     : store_(std::move(store)),
-      execution_context_(normalize_at(execution_context, "execution_context")),
-      capacity_context_(normalize_at(capacity_context, "capacity_context")) {}
+      execution_context_(normalize_bounded(execution_context, "execution_context")),
+      capacity_context_(normalize_bounded(capacity_context, "capacity_context")) {}
 
 std::string DynamicOffloadProfileSession::execution_key() const {
   return context_key(execution_context_);

@@ -1,6 +1,7 @@
 #include "ddo/core/profile_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,11 +10,13 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <system_error>
 #include <tuple>
 #include <utility>
@@ -38,23 +41,80 @@ Status unavailable_dir(const fs::path& directory, const std::string& what) {
                             directory.string(), what));
 }
 
-// Parses a number field; json numbers may be stored as integers when they are whole.
-bool get_number(const json& object, const char* key, double* out) {
-  auto it = object.find(key);
-  if (it == object.end() || !it->is_number()) return false;
-  *out = it->get<double>();
-  return std::isfinite(*out);
+Status data_loss(std::string message) {
+  return Status(Code::kDataLoss, std::move(message));
 }
+
+std::string range_text(const NumberRange& range) {
+  return fmt::format("{:g} to {:g}{}{}", range.min, range.max, *range.unit ? " " : "", range.unit);
+}
+
+}  // namespace
+
+// json numbers may be stored as integers when they are whole; a 1e400 literal already fails to
+// parse.
+Status checked_number(const json& value, std::string_view where, const NumberRange& range,
+                      double* out) {
+  if (!value.is_number()) {
+    return data_loss(fmt::format("{} is {}, not a number", where, value.type_name()));
+  }
+  const double number = value.get<double>();
+  if (!(number >= range.min && number <= range.max)) {
+    return data_loss(fmt::format("{} is {}, outside {}; recalibrate or delete the file", where,
+                                 value.dump(), range_text(range)));
+  }
+  *out = number;
+  return Status::ok_status();
+}
+
+namespace {
+
+// An optional number field: absent or null leaves *out and *present unchanged.
+Status optional_number(const json& object, const char* key, std::string_view prefix,
+                       const NumberRange& range, double* out, bool* present = nullptr) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return Status::ok_status();
+  DDO_RETURN_IF_ERROR(checked_number(*it, fmt::format("{}{}", prefix, key), range, out));
+  if (present != nullptr) *present = true;
+  return Status::ok_status();
+}
+
+Status required_number(const json& object, const char* key, std::string_view prefix,
+                       const NumberRange& range, double* out) {
+  if (!object.contains(key)) return data_loss(fmt::format("{}{} is missing", prefix, key));
+  return optional_number(object, key, prefix, range, out);
+}
+
+}  // namespace
+
+// Compared in 64 bits: 4294967297 is not 1 (it was, when read as a 32-bit int).
+Status version_field(const json& object, const char* key, std::string_view prefix, int expected,
+                     std::string_view advice) {
+  auto it = object.find(key);
+  if (it == object.end()) return data_loss(fmt::format("{}{} is missing; {}", prefix, key, advice));
+  bool matches = false;
+  if (it->is_number_unsigned()) {
+    matches = it->get<std::uint64_t>() == static_cast<std::uint64_t>(expected);
+  } else if (it->is_number_integer()) {
+    matches = it->get<std::int64_t>() == expected;
+  } else {
+    return data_loss(
+        fmt::format("{}{} is {}, not an integer; {}", prefix, key, it->dump(), advice));
+  }
+  if (!matches) {
+    return data_loss(fmt::format("{}{} is {}, not the supported version {}; {}", prefix, key,
+                                 it->dump(), expected, advice));
+  }
+  return Status::ok_status();
+}
+
+namespace {
 
 bool get_string(const json& object, const char* key, std::string* out) {
   auto it = object.find(key);
   if (it == object.end() || !it->is_string()) return false;
   *out = it->get<std::string>();
   return true;
-}
-
-Status data_loss(std::string message) {
-  return Status(Code::kDataLoss, std::move(message));
 }
 
 }  // namespace
@@ -177,23 +237,200 @@ Status write_file_atomic(const fs::path& target, std::string_view content,
   return Status::ok_status();
 }
 
-Status read_text_file(const fs::path& path, std::string* content) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
+namespace {
+
+// What a non-regular file is, for messages.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+Status read_text_file(const fs::path& path, std::string* content, std::size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     const int err = errno;
     if (err == ENOENT)
       return Status(Code::kNotFound, fmt::format("'{}' does not exist", path.string()));
+    if (err == EISDIR) {
+      return data_loss(fmt::format("'{}' is a directory, not a file; move it away", path.string()));
+    }
     return Status(Code::kUnavailable,
                   fmt::format("cannot read '{}': {}", path.string(), errno_text(err)));
   }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status(Code::kUnavailable,
+                  fmt::format("cannot read '{}': {}", path.string(), errno_text(err)));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return data_loss(fmt::format("'{}' is {}, not a file; move it away", path.string(),
+                                 file_kind(info.st_mode)));
+  }
+  if (static_cast<std::uintmax_t>(info.st_size) > max_bytes) {
+    ::close(fd);
+    return data_loss(fmt::format("'{}' is {} bytes, more than the {} bytes a ddo file may hold",
+                                 path.string(), static_cast<std::uintmax_t>(info.st_size),
+                                 max_bytes));
+  }
   content->clear();
   char buffer[1 << 14];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) content->append(buffer, n);
-  const bool failed = std::ferror(file) != 0;
-  std::fclose(file);
-  if (failed) return Status(Code::kUnavailable, fmt::format("cannot read '{}'", path.string()));
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return Status(Code::kUnavailable,
+                    fmt::format("cannot read '{}': {}", path.string(), errno_text(err)));
+    }
+    content->append(buffer, static_cast<std::size_t>(n));
+    // The file may grow between fstat and read; the bound holds for what is read.
+    if (content->size() > max_bytes) {
+      ::close(fd);
+      return data_loss(fmt::format("'{}' has more than the {} bytes a ddo file may hold",
+                                   path.string(), max_bytes));
+    }
+  }
+  ::close(fd);
   return Status::ok_status();
+}
+
+// Note [Bounded JSON]
+// ~~~~~~~~~~~~~~~~~~~
+// nlohmann::json parses and destroys iteratively, but copies, compares and dumps recursively, one
+// stack frame per level: a profile with a value nested 50,000-200,000 deep parsed fine and then
+// overflowed the stack on the first copy of the document (issue 18: `ddo profiles list` crashed,
+// so the user could not even find the file), and a 21 KB one nested 10,000 deep survived and was
+// written back by the next calibration with two spaces of indentation per level, 200 MB. So every
+// text is measured before a document is built: its size (kMaxProfileFileBytes, checked while
+// reading) and its nesting depth by a linear scan (json_nesting_depth) against kMaxJsonDepth. A
+// file that fails either is invalid like any corrupt file: listed with the reason, ignored by load,
+// kept aside by save. In-memory values from callers (host contexts) are bounded while they are
+// normalized (host_context.cpp).
+int json_nesting_depth(std::string_view text) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+Status parse_json_bounded(std::string_view text, json* out) {
+  if (text.size() > kMaxProfileFileBytes) {
+    return data_loss(fmt::format("it is {} bytes, more than the {} bytes a ddo file may hold",
+                                 text.size(), kMaxProfileFileBytes));
+  }
+  if (const int depth = json_nesting_depth(text); depth > kMaxJsonDepth) {
+    return data_loss(fmt::format(
+        "it is nested {} levels deep, more than the {} levels a ddo file may hold (not a file "
+        "ddo wrote)",
+        depth, kMaxJsonDepth));
+  }
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return data_loss("not valid JSON (truncated or corrupt)");
+  *out = std::move(value);
+  return Status::ok_status();
+}
+
+Status keep_invalid_file(const fs::path& path, fs::path* kept) {
+  // Backups are created only under the file's lock, so names are not contended among ddo
+  // writers; link() refusing an existing name keeps any other file safe too.
+  constexpr int kMaxBackups = 1000;
+  for (int n = 1; n <= kMaxBackups; ++n) {
+    fs::path backup = path;
+    backup += n == 1 ? std::string(".invalid") : fmt::format(".invalid-{}", n);
+    if (::link(path.c_str(), backup.c_str()) == 0) {
+      *kept = std::move(backup);
+      return Status::ok_status();
+    }
+    const int err = errno;
+    if (err == EEXIST) continue;
+    // No hard links on this file system (EPERM on some FUSE and FAT mounts): move the file
+    // aside instead. It was unusable, so its brief absence reads as "no profile", as before.
+    std::error_code ec;
+    if (fs::exists(backup, ec)) continue;
+    if (::rename(path.c_str(), backup.c_str()) == 0) {
+      *kept = std::move(backup);
+      return Status::ok_status();
+    }
+    return unavailable_dir(
+        path.parent_path(),
+        fmt::format("cannot keep a backup of the unreadable '{}' as '{}': {}",
+                    path.filename().string(), backup.filename().string(), errno_text(errno)));
+  }
+  return Status(Code::kFailedPrecondition,
+                fmt::format("'{}' is unreadable and already has {} backups beside it "
+                            "('{}.invalid*'); delete the backups you do not need",
+                            path.string(), kMaxBackups, path.filename().string()));
+}
+
+// Note [Stale temporary files]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// write_file_atomic names its temporary ".<file>.tmp-<pid>-<n>"; a writer killed between creating
+// it and the rename leaves it behind (about half of 50 kill -9 in a loop did). The next update in
+// the directory deletes such files when their owner is certainly gone: kill(pid, 0) says no such
+// process (a live process, or one we may not signal, is never touched) AND the file is older than
+// a minute. The age guard covers writers that share the directory from another PID namespace (a
+// container) or another host (a network file system), whose pids mean nothing here: a save
+// takes milliseconds, so a minute-old temporary file has no writer left. Only names of ddo's
+// own files are considered.
+int remove_stale_temp_files(const fs::path& directory) {
+  constexpr std::time_t kMinAgeSeconds = 60;
+  int removed = 0;
+  std::error_code ec;
+  const std::time_t now = std::time(nullptr);
+  for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool ours = name.starts_with(fmt::format(".{}", kProfileFilePrefix)) ||
+                      name.starts_with(".ddo-context-");
+    const std::size_t tmp = name.rfind(".tmp-");
+    if (!ours || tmp == std::string::npos) continue;
+    // "<pid>-<n>" after ".tmp-".
+    const std::string_view rest = std::string_view(name).substr(tmp + 5);
+    const std::size_t dash = rest.find('-');
+    if (dash == std::string_view::npos || dash == 0 || dash + 1 == rest.size()) continue;
+    long pid = 0;
+    auto [end_pid, pid_ec] = std::from_chars(rest.data(), rest.data() + dash, pid);
+    if (pid_ec != std::errc() || end_pid != rest.data() + dash || pid <= 0) continue;
+    const std::string_view counter = rest.substr(dash + 1);
+    if (!std::all_of(counter.begin(), counter.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    if (pid > std::numeric_limits<pid_t>::max()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or unknown
+    // lstat: a link or directory that merely carries such a name is never followed or removed.
+    struct stat info {};
+    if (::lstat(it->path().c_str(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
+    if (now - info.st_mtime < kMinAgeSeconds) continue;
+    if (::unlink(it->path().c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 FileLock::FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
@@ -258,20 +495,41 @@ fs::path lock_path_for(const fs::path& target) {
 }
 
 Status update_file_locked(const fs::path& target, const FileUpdate& update,
-                          const DurableWriteOptions& options) {
+                          const DurableWriteOptions& options, const WarningSink& warn) {
   DDO_RETURN_IF_ERROR(ensure_profile_directory(target.parent_path()));
   FileLock lock;
   DDO_RETURN_IF_ERROR(FileLock::acquire(lock_path_for(target), &lock));
+  (void)remove_stale_temp_files(target.parent_path());
   std::optional<std::string> current;
   std::string content;
   Status read = read_text_file(target, &content);
   if (read.ok()) {
     current = std::move(content);
+  } else if (read.code() == Code::kDataLoss) {
+    // Not something a rename can replace (a directory) or too large to read: a directory is the
+    // user's to move; an oversized file is kept aside like any unreadable one.
+    std::error_code ec;
+    if (!fs::is_regular_file(target, ec)) {
+      return Status(Code::kFailedPrecondition,
+                    fmt::format("cannot save {}: {}", target.filename().string(), read.message()));
+    }
+    fs::path kept;
+    DDO_RETURN_IF_ERROR(keep_invalid_file(target, &kept));
+    if (warn) {
+      warn(fmt::format("replacing unreadable '{}' ({}); its content is kept in '{}'",
+                       target.string(), read.message(), kept.string()));
+    }
   } else if (read.code() != Code::kNotFound) {
     return read;
   }
   std::string next;
   DDO_RETURN_IF_ERROR(update(current, &next));
+  if (next.size() > kMaxProfileFileBytes) {
+    return Status(Code::kInvalidArgument,
+                  fmt::format("not saving '{}': it would be {} bytes, more than the {} bytes a "
+                              "ddo file may hold and be read back; record smaller details",
+                              target.string(), next.size(), kMaxProfileFileBytes));
+  }
   return write_file_atomic(target, next, options);
 }
 
@@ -295,21 +553,20 @@ json limits_to_json(const CapacityLimits& limits) {
   return out;
 }
 
-Status limits_from_json(const json& value, CapacityLimits* out) {
+Status limits_from_json(const json& value, CapacityLimits* out, const NumberRange& range) {
   if (!value.is_object()) return data_loss("capacity is not an object");
   CapacityLimits limits;
   for (const auto& [metric, item] : value.items()) {
     if (!item.is_object()) return data_loss(fmt::format("capacity '{}' is not an object", metric));
     MetricLimits entry;
-    for (const char* key : {"max_success", "min_failure"}) {
-      auto it = item.find(key);
-      if (it == item.end() || it->is_null()) continue;
-      if (!it->is_number() || !std::isfinite(it->get<double>())) {
-        return data_loss(fmt::format("capacity '{}'.{} is not a finite number", metric, key));
-      }
-      (std::string_view(key) == "max_success" ? entry.max_success : entry.min_failure) =
-          it->get<double>();
-    }
+    const std::string prefix = fmt::format("capacity.{}.", metric);
+    double number = 0.0;
+    bool present = false;
+    DDO_RETURN_IF_ERROR(optional_number(item, "max_success", prefix, range, &number, &present));
+    if (present) entry.max_success = number;
+    present = false;
+    DDO_RETURN_IF_ERROR(optional_number(item, "min_failure", prefix, range, &number, &present));
+    if (present) entry.min_failure = number;
     limits[metric] = entry;
   }
   *out = std::move(limits);
@@ -358,10 +615,10 @@ json ProfileRecommendation::to_json() const {
 
 Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation* out) {
   if (!value.is_object()) return data_loss("recommendation is not an object");
+  constexpr std::string_view kPrefix = "recommendation.";
   ProfileRecommendation r;
-  if (!get_number(value, "resident_budget_gb", &r.resident_budget_gb) || r.resident_budget_gb < 0) {
-    return data_loss("recommendation.resident_budget_gb is missing or not a number >= 0");
-  }
+  DDO_RETURN_IF_ERROR(required_number(value, "resident_budget_gb", kPrefix, kProfileGbRange,
+                                      &r.resident_budget_gb));
   if (!get_string(value, "profile_measurement_kind", &r.profile_measurement_kind)) {
     return data_loss("recommendation.profile_measurement_kind is missing");
   }
@@ -370,13 +627,22 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
       kind != kKindSdnqProbe) {
     return data_loss(fmt::format("unknown profile_measurement_kind '{}'", kind));
   }
-  get_number(value, "peak_vram_gb", &r.peak_vram_gb);
-  get_number(value, "total_vram_gb", &r.total_vram_gb);
-  get_number(value, "headroom_gb", &r.headroom_gb);
+  DDO_RETURN_IF_ERROR(
+      optional_number(value, "peak_vram_gb", kPrefix, kProfileGbRange, &r.peak_vram_gb));
+  DDO_RETURN_IF_ERROR(
+      optional_number(value, "total_vram_gb", kPrefix, kProfileGbRange, &r.total_vram_gb));
+  DDO_RETURN_IF_ERROR(
+      optional_number(value, "headroom_gb", kPrefix, kProfileGbRange, &r.headroom_gb));
   get_string(value, "measured_at", &r.measured_at);
   double number = 0;
-  if (get_number(value, "safe_budget_gb", &number)) r.safe_budget_gb = number;
-  if (get_number(value, "probe_budget_gb", &number)) r.probe_budget_gb = number;
+  bool present = false;
+  DDO_RETURN_IF_ERROR(
+      optional_number(value, "safe_budget_gb", kPrefix, kProfileGbRange, &number, &present));
+  if (present) r.safe_budget_gb = number;
+  present = false;
+  DDO_RETURN_IF_ERROR(
+      optional_number(value, "probe_budget_gb", kPrefix, kProfileGbRange, &number, &present));
+  if (present) r.probe_budget_gb = number;
   if (auto it = value.find("probe_pending"); it != value.end() && it->is_boolean()) {
     r.probe_pending = it->get<bool>();
   }
@@ -385,12 +651,11 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
   }
   if (auto it = value.find("candidate_compute_ms"); it != value.end() && !it->is_null()) {
     if (!it->is_object()) return data_loss("recommendation.candidate_compute_ms is not an object");
+    constexpr NumberRange kMs{0.0, kMaxProfileComputeMs, "ms"};
     for (const auto& [name, ms] : it->items()) {
-      if (!ms.is_number() || !(ms.get<double>() >= 0.0)) {
-        return data_loss(
-            fmt::format("recommendation.candidate_compute_ms[\"{}\"] is not a number >= 0", name));
-      }
-      r.candidate_compute_ms[name] = ms.get<double>();
+      DDO_RETURN_IF_ERROR(
+          checked_number(ms, fmt::format("recommendation.candidate_compute_ms[\"{}\"]", name), kMs,
+                         &r.candidate_compute_ms[name]));
     }
   }
   *out = std::move(r);
@@ -406,26 +671,39 @@ json ProfileObservation::to_json() const {
       {"measurement", measurement}};
 }
 
-Status ProfileObservation::from_json(const json& value, ProfileObservation* out) {
-  if (!value.is_object()) return data_loss("an observation is not an object");
+namespace {
+
+// `prefix` names the observation in errors: "observations[3]." inside a record.
+Status observation_from_json(const json& value, const std::string& prefix,
+                             ProfileObservation* out) {
+  if (!value.is_object()) {
+    return data_loss(fmt::format("{} is not an object", prefix.substr(0, prefix.size() - 1)));
+  }
   ProfileObservation o;
   get_string(value, "recorded_at", &o.recorded_at);
   get_string(value, "profile_measurement_kind", &o.profile_measurement_kind);
   if (auto it = value.find("success"); it != value.end() && it->is_boolean()) {
     o.success = it->get<bool>();
   }
-  if (!get_number(value, "peak_vram_gb", &o.peak_vram_gb)) {
-    return data_loss("an observation has no numeric peak_vram_gb");
+  DDO_RETURN_IF_ERROR(
+      required_number(value, "peak_vram_gb", prefix, kProfileGbRange, &o.peak_vram_gb));
+  for (auto [key, field] :
+       {std::pair{"resident_budget_gb", &o.resident_budget_gb},
+        std::pair{"total_vram_gb", &o.total_vram_gb}, std::pair{"headroom_gb", &o.headroom_gb},
+        std::pair{"recommended_budget_gb", &o.recommended_budget_gb}}) {
+    DDO_RETURN_IF_ERROR(optional_number(value, key, prefix, kProfileGbRange, field));
   }
-  get_number(value, "resident_budget_gb", &o.resident_budget_gb);
-  get_number(value, "total_vram_gb", &o.total_vram_gb);
-  get_number(value, "headroom_gb", &o.headroom_gb);
-  get_number(value, "recommended_budget_gb", &o.recommended_budget_gb);
   if (auto it = value.find("measurement"); it != value.end() && it->is_object()) {
-    o.measurement = *it;
+    o.measurement = *it;  // informational; the reader bounded its depth (Note [Bounded JSON])
   }
   *out = std::move(o);
   return Status::ok_status();
+}
+
+}  // namespace
+
+Status ProfileObservation::from_json(const json& value, ProfileObservation* out) {
+  return observation_from_json(value, "observation.", out);
 }
 
 json ProfileRecord::to_json() const {
@@ -442,14 +720,9 @@ json ProfileRecord::to_json() const {
 
 Status ProfileRecord::from_json(const json& value, ProfileRecord* out) {
   if (!value.is_object()) return data_loss("the file is not a JSON object");
-  auto schema = value.find("schema_version");
-  if (schema == value.end() || !schema->is_number_integer()) {
-    return data_loss("no schema_version; not a ddo profile");
-  }
-  if (schema->get<int>() != kProfileSchemaVersion) {
-    return data_loss(fmt::format("schema_version {} is not the supported version {}; recalibrate",
-                                 schema->get<int>(), kProfileSchemaVersion));
-  }
+  if (!value.contains("schema_version")) return data_loss("no schema_version; not a ddo profile");
+  DDO_RETURN_IF_ERROR(
+      version_field(value, "schema_version", "", kProfileSchemaVersion, "recalibrate"));
   ProfileRecord r;
   auto identity = value.find("identity");
   if (identity == value.end() || !identity->is_object() ||
@@ -457,12 +730,8 @@ Status ProfileRecord::from_json(const json& value, ProfileRecord* out) {
       !get_string(*identity, "model_class", &r.identity.model_class)) {
     return data_loss("identity is missing its name or model_class");
   }
-  auto version = identity->find("identity_version");
-  if (version == identity->end() || !version->is_number_integer() ||
-      version->get<int>() != kProfileIdentityVersion) {
-    return data_loss(
-        fmt::format("identity_version is not the supported version {}", kProfileIdentityVersion));
-  }
+  DDO_RETURN_IF_ERROR(version_field(*identity, "identity_version", "identity.",
+                                    kProfileIdentityVersion, "recalibrate"));
   r.identity.identity_version = kProfileIdentityVersion;
   if (!get_string(value, "profile_key", &r.profile_key) ||
       r.profile_key != core::profile_key(r.identity)) {
@@ -471,14 +740,14 @@ Status ProfileRecord::from_json(const json& value, ProfileRecord* out) {
   get_string(value, "updated_at", &r.updated_at);
   if (auto it = value.find("observations"); it != value.end()) {
     if (!it->is_array()) return data_loss("observations is not an array");
-    for (const json& item : *it) {
+    for (std::size_t i = 0; i < it->size(); ++i) {
       ProfileObservation o;
-      DDO_RETURN_IF_ERROR(ProfileObservation::from_json(item, &o));
+      DDO_RETURN_IF_ERROR(observation_from_json((*it)[i], fmt::format("observations[{}].", i), &o));
       r.observations.push_back(std::move(o));
     }
   }
   if (auto it = value.find("capacity"); it != value.end()) {
-    DDO_RETURN_IF_ERROR(limits_from_json(*it, &r.capacity));
+    DDO_RETURN_IF_ERROR(limits_from_json(*it, &r.capacity, kProfileGbRange));
   }
   if (auto it = value.find("recommendation"); it != value.end() && !it->is_null()) {
     ProfileRecommendation rec;
@@ -520,8 +789,8 @@ namespace {
 
 // Parses a profile file; a non-ok status says why it must be ignored.
 Status parse_record(const std::string& content, ProfileRecord* record) {
-  json value = json::parse(content, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) return data_loss("not valid JSON (truncated or corrupt)");
+  json value;
+  DDO_RETURN_IF_ERROR(parse_json_bounded(content, &value));
   return ProfileRecord::from_json(value, record);
 }
 
@@ -585,12 +854,12 @@ Status ProfileStore::save(const ProfileIdentity& identity, const ProfileObservat
       if (parsed.ok()) {
         reused = true;
       } else {
-        // Keep what was there: a foreign or damaged file may still matter to someone.
-        fs::path kept = path;
-        kept += ".invalid";
-        warn(fmt::format("replacing unreadable profile '{}' ({}); the old content is kept in '{}'",
+        // Keep what was there: a foreign or damaged file may still matter to someone, and so
+        // may every earlier backup (each gets a name of its own).
+        fs::path kept;
+        DDO_RETURN_IF_ERROR(keep_invalid_file(path, &kept));
+        warn(fmt::format("replacing unreadable profile '{}' ({}); its content is kept in '{}'",
                          path.string(), parsed.message(), kept.string()));
-        DDO_RETURN_IF_ERROR(write_file_atomic(kept, *current, {}));
       }
     }
     if (!reused) {
@@ -615,14 +884,54 @@ Status ProfileStore::save(const ProfileIdentity& identity, const ProfileObservat
     *next = record.to_json().dump(2) + "\n";
     return Status::ok_status();
   };
-  return update_file_locked(path, update, options_.write);
+  return update_file_locked(path, update, options_.write, warn);
+}
+
+Status ProfileStore::check_writable(const ProfileIdentity& identity) const {
+  DDO_RETURN_IF_ERROR(ensure_profile_directory(options_.directory));
+  const fs::path path = path_for(identity);
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    return Status(Code::kFailedPrecondition,
+                  fmt::format("cannot save profile '{}' for class '{}': its file '{}' is {}, not "
+                              "a file; move it away or set DDO_PROFILE_DIR to another directory",
+                              identity.name, identity.model_class, path.string(),
+                              fs::is_directory(status) ? "a directory" : "not a regular file"));
+  }
+  // Create and delete a file the way a save does. Its name is a temporary file's, so a process
+  // killed in between leaves one that the next save removes (Note [Stale temporary files]).
+  static std::atomic<unsigned> counter{0};
+  const fs::path probe =
+      options_.directory / fmt::format(".{}writable-check.tmp-{}-{}", kProfileFilePrefix,
+                                       static_cast<long>(::getpid()), counter.fetch_add(1));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return unavailable_dir(options_.directory, "cannot create a file: " + errno_text(errno));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::ok_status();
 }
 
 std::vector<ProfileListing> ProfileStore::list() const {
   std::vector<ProfileListing> rows;
   std::error_code ec;
-  if (!fs::is_directory(options_.directory, ec)) return rows;
-  for (const fs::directory_entry& entry : fs::directory_iterator(options_.directory, ec)) {
+  const fs::file_status dir_status = fs::status(options_.directory, ec);
+  DDO_CHECK(!ec || dir_status.type() == fs::file_type::not_found, Code::kUnavailable,
+            "cannot read the profile directory '", options_.directory.string(), "': ", ec.message(),
+            "; check its permissions or set DDO_PROFILE_DIR");
+  if (!fs::exists(dir_status)) return rows;  // nothing saved yet
+  DDO_CHECK(fs::is_directory(dir_status), Code::kFailedPrecondition, "the profile directory '",
+            options_.directory.string(),
+            "' is not a directory; set DDO_PROFILE_DIR to a directory (or unset it to use "
+            "~/.ddo/profiles)");
+  fs::directory_iterator entries(options_.directory, ec);
+  DDO_CHECK(!ec, Code::kUnavailable, "cannot list the profile directory '",
+            options_.directory.string(), "': ", ec.message(),
+            "; check its permissions or set DDO_PROFILE_DIR");
+  for (; entries != fs::directory_iterator(); entries.increment(ec)) {
+    const fs::directory_entry& entry = *entries;
     const std::string file = entry.path().filename().string();
     if (!file.starts_with(kProfileFilePrefix) || !file.ends_with(".json")) continue;
     const std::string key =

@@ -36,10 +36,14 @@ namespace ddo::core {
 inline constexpr int kContextSchemaVersion = 1;
 inline constexpr std::string_view kContextFilePrefix = "ddo-context-";
 inline constexpr std::size_t kMaxContextObservations = 20;
+// A context, and an observation's details, as compact JSON: 20 observations and two contexts
+// stay far below kMaxProfileFileBytes, so every file written reads back.
+inline constexpr std::size_t kMaxContextBytes = std::size_t{64} << 10;
 
 // A copy of `context` with keys sorted, holding only null, bool, number, string, arrays and
-// objects. Throws ddo::Error (kInvalidArgument) naming the offending path for NaN or infinite
-// numbers, binary values or discarded values.
+// objects, nested at most kMaxJsonDepth deep and at most kMaxContextBytes as JSON. Throws
+// ddo::Error (kInvalidArgument) naming the offending path for NaN or infinite numbers, binary
+// values, discarded values, deeper nesting or a larger context.
 nlohmann::json normalize_context(const nlohmann::json& context);
 
 // First 32 hex digits of SHA-256 of the normalized context's canonical JSON. Throws like
@@ -99,7 +103,9 @@ class HostContextStore {
 
   // Under the file lock: updates the per-metric limits and, with keep_history, appends the
   // observation (last kMaxContextObservations kept). Throws ddo::Error for an invalid context;
-  // kInvalidArgument for a non-finite metric; kUnavailable names an unwritable directory.
+  // kInvalidArgument for a metric that is not finite or above 2^53 in magnitude (it would not
+  // read back); kUnavailable names an unwritable directory. A present but invalid file is kept
+  // beside under a name of its own (keep_invalid_file) before it is replaced.
   Status record_observation(const nlohmann::json& context, const ContextObservation& observation,
                             bool keep_history = true);
 

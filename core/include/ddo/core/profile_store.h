@@ -15,9 +15,14 @@
 //   std::optional<ddo::core::ProfileRecord> r = store.load(id);      // nullopt: absent or invalid
 //   // r->recommendation->resident_budget_gb == recommendation.resident_budget_gb
 //
-// This header also holds the durable-file helpers (SHA-256, atomic write, file lock, capacity
-// limits) that the legacy host-context store (host_context.h) reuses, so there is one
-// implementation of the crash- and concurrency-safe write path.
+// This header also holds the durable-file helpers (SHA-256, atomic write, file lock, bounded JSON
+// reading, capacity limits) that the legacy host-context store (host_context.h) reuses, so there
+// is one implementation of the crash- and concurrency-safe write path and of the input bounds.
+//
+// Every file ddo reads here is untrusted input: it is at most kMaxProfileFileBytes, nested at most
+// kMaxJsonDepth deep (checked before a document is built; see Note [Bounded JSON]) and every
+// number in it is range-checked; a file that fails is reported (named, with the reason) and never
+// crashes or stalls a reader.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +45,18 @@ inline constexpr int kProfileIdentityVersion = 1;
 inline constexpr std::size_t kMaxProfileObservations = 20;
 inline constexpr std::string_view kProfileFilePrefix = "ddo-profile-";
 inline constexpr std::size_t kProfileKeyHexDigits = 32;
+
+// Input bounds. A profile ddo writes is a few KB and nested 4 levels deep; the bounds leave two
+// orders of magnitude of room and stop hostile or corrupt files long before they cost memory or
+// stack (Note [Bounded JSON] in profile_store.cpp).
+inline constexpr int kMaxJsonDepth = 64;
+inline constexpr std::size_t kMaxProfileFileBytes = std::size_t{4} << 20;  // 4 MiB
+// GiB figures in a profile (budgets, peaks, totals, headroom): 0 to 1 PiB. The upper bound is
+// far above any device and far below 64-bit byte counts (8 EiB), so a converted value never
+// overflows.
+inline constexpr double kMaxProfileGb = 1024.0 * 1024.0;
+// Per-candidate compute in a profile, ms per step: 0 to one hour.
+inline constexpr double kMaxProfileComputeMs = 3.6e6;
 
 // profile_measurement_kind values (seed "Calibration and measurement").
 inline constexpr std::string_view kKindBaseline = "baseline";
@@ -65,6 +82,10 @@ std::string utc_now_iso8601();
 // (kFailedPrecondition) when neither is set. `env` is the process environment as a map.
 std::filesystem::path resolve_profile_dir(const std::map<std::string, std::string>& env);
 
+// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
+using WarningSink = std::function<void(const std::string& message)>;
+WarningSink stderr_warning_sink();
+
 // Options of one atomic write.
 struct DurableWriteOptions {
   // Test hook: runs after the temporary file is complete and synced, before the rename. A test
@@ -81,8 +102,31 @@ Status ensure_profile_directory(const std::filesystem::path& directory);
 Status write_file_atomic(const std::filesystem::path& target, std::string_view content,
                          const DurableWriteOptions& options = {});
 
-// Reads a whole file. kNotFound when it does not exist; kUnavailable for other read errors.
-Status read_text_file(const std::filesystem::path& path, std::string* content);
+// Reads a whole regular file of at most `max_bytes`. kNotFound when it does not exist; kDataLoss
+// when it is larger than `max_bytes` or is not a regular file (a directory, a FIFO, a device;
+// the message says which); kUnavailable for other read errors. Never blocks on a FIFO.
+Status read_text_file(const std::filesystem::path& path, std::string* content,
+                      std::size_t max_bytes = kMaxProfileFileBytes);
+
+// The deepest nesting of arrays and objects in `text`, by a linear scan that skips strings: no
+// recursion and no document built, so it is safe on any input. Exact for valid JSON.
+int json_nesting_depth(std::string_view text);
+
+// Parses `text` as JSON when it is at most kMaxProfileFileBytes and nested at most kMaxJsonDepth
+// deep; kDataLoss says which bound failed or that the text is not valid JSON.
+Status parse_json_bounded(std::string_view text, nlohmann::json* out);
+
+// Keeps the current content of an unusable file `path` under a name no earlier backup holds:
+// "<path>.invalid", then "<path>.invalid-2", "-3", ... (a hard link, so nothing is copied and
+// `path` stays in place until its replacement is renamed over it; a rename where the file
+// system has no hard links). Call it under the file's lock. `*kept` is the backup's path.
+Status keep_invalid_file(const std::filesystem::path& path, std::filesystem::path* kept);
+
+// Deletes the temporary files (".<file>.tmp-PID-N") that writers of profile and context files in
+// `directory` left when they were killed before their rename: only those whose owner process is
+// gone and that are older than a minute (Note [Stale temporary files]). Returns how many it
+// deleted; errors are ignored (a leftover costs disk space, never correctness).
+int remove_stale_temp_files(const std::filesystem::path& directory);
 
 // An exclusive advisory lock (flock) on a lock file, held until destruction. Blocks until the
 // lock is free. Re-checks after locking that the lock file was not deleted and recreated
@@ -109,10 +153,15 @@ std::filesystem::path lock_path_for(const std::filesystem::path& target);
 
 // Read-modify-write of `target` under its lock: `update` sees the current content (nullopt when
 // the file is absent) and fills the next content; a non-ok status from `update` writes nothing.
+// A current file larger than kMaxProfileFileBytes is kept aside (keep_invalid_file, reported
+// through `warn`) and `update` sees nullopt; a target that is not a regular file (a directory)
+// is an error naming it. Next content above kMaxProfileFileBytes is refused (kInvalidArgument),
+// so every file written can be read back. Stale temporary files of killed writers in the
+// directory are removed first.
 using FileUpdate =
     std::function<Status(const std::optional<std::string>& current, std::string* next)>;
 Status update_file_locked(const std::filesystem::path& target, const FileUpdate& update,
-                          const DurableWriteOptions& options = {});
+                          const DurableWriteOptions& options = {}, const WarningSink& warn = {});
 
 // Capacity limits of one metric: the largest value that succeeded, the smallest that failed.
 struct MetricLimits {
@@ -121,14 +170,33 @@ struct MetricLimits {
 };
 using CapacityLimits = std::map<std::string, MetricLimits>;
 
+// The range of a number read from a file, for its error message.
+struct NumberRange {
+  double min = 0.0;
+  double max = 0.0;
+  const char* unit = "";  // "GiB", "ms"; "" for plain numbers
+};
+// GiB figures of a profile and the free-form metrics of a host context (whose integers stay
+// exact in a double up to 2^53).
+inline constexpr NumberRange kProfileGbRange{0.0, kMaxProfileGb, "GiB"};
+inline constexpr NumberRange kMetricRange{-9007199254740992.0, 9007199254740992.0, ""};
+
+// A number read from a file at `where` (the field as the user sees it in the file,
+// "recommendation.resident_budget_gb"), checked against `range`; kDataLoss names the field, the
+// value and the range.
+Status checked_number(const nlohmann::json& value, std::string_view where, const NumberRange& range,
+                      double* out);
+// The integer field `prefix``key` of `object` must equal `expected` (a schema or identity
+// version), compared without truncation; kDataLoss names it and ends with `advice`.
+Status version_field(const nlohmann::json& object, const char* key, std::string_view prefix,
+                     int expected, std::string_view advice);
+
 void update_limits(CapacityLimits& limits, const std::string& metric, double value, bool success);
 nlohmann::json limits_to_json(const CapacityLimits& limits);
-// Parses {"metric": {"max_success": x, "min_failure": y}}; kDataLoss on a malformed entry.
-Status limits_from_json(const nlohmann::json& json, CapacityLimits* out);
-
-// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
-using WarningSink = std::function<void(const std::string& message)>;
-WarningSink stderr_warning_sink();
+// Parses {"metric": {"max_success": x, "min_failure": y}}; kDataLoss on a malformed entry or a
+// number outside `range`, naming the field.
+Status limits_from_json(const nlohmann::json& json, CapacityLimits* out,
+                        const NumberRange& range = kMetricRange);
 
 // ---------------------------------------------------------------------------------------------
 // Named profiles.
@@ -240,12 +308,21 @@ class ProfileStore {
 
   // Appends `observation` (history capped at kMaxProfileObservations), updates capacity limits
   // and replaces the recommendation, all under the file lock. A present but invalid file is kept
-  // beside as "<file>.invalid" before it is replaced. Errors name the directory.
+  // beside under a name of its own ("<file>.invalid", "<file>.invalid-2", ...; every earlier
+  // backup stays) before it is replaced. Errors name the directory.
   Status save(const ProfileIdentity& identity, const ProfileObservation& observation,
               const ProfileRecommendation& recommendation);
 
-  // Every "ddo-profile-*.json" in the directory, sorted by name, class, then key. A missing
-  // directory lists nothing.
+  // Whether save(identity, ...) can write: the directory exists or can be created, a file can be
+  // created in it, and the profile's path is not a directory or other non-regular file. For the
+  // start of a calibration, so that an unwritable directory fails before the measured run rather
+  // than after it. kUnavailable / kFailedPrecondition name the path and say what to change.
+  Status check_writable(const ProfileIdentity& identity) const;
+
+  // Every "ddo-profile-*.json" in the directory, sorted by name, class, then key; invalid files
+  // are rows with `problem` set. A missing directory lists nothing. Throws ddo::Error
+  // (kFailedPrecondition) when the directory path exists but is not a directory, and
+  // (kUnavailable) when it cannot be read.
   std::vector<ProfileListing> list() const;
 
   // Deletes the profile file (and its lock file). kNotFound when there is none.
