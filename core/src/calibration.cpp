@@ -243,6 +243,14 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   const double manual = config.resident_module_budget_gb;
   if (config.build_profile) {
     check_can_calibrate(config, device, normalized);
+    // The save comes after the whole measured run: an unwritable directory found only then
+    // wastes the run (issue 18), so it is checked before it.
+    if (Status writable = store.check_writable(p.identity); !writable.ok()) {
+      throw Error(writable.code(),
+                  fmt::format("build_profile=true would measure a run whose profile '{}' cannot "
+                              "be saved: {}",
+                              name, writable.message()));
+    }
     p.status = report.status = ProfileStatus::kCalibrating;
     p.region = RegionAction::kCalibrate;
     p.resident_budget_gb = report.resident_budget_gb = 0.0;

@@ -338,18 +338,40 @@ TEST_F(CalibrationTest, ACorruptProfileIsMissingWithAWarning) {
 }
 
 TEST_F(CalibrationTest, SaveFailureIsReportedAndReturned) {
-  fs::create_directories(dir_.parent_path());
-  std::ofstream(dir_) << "not a directory";
   ProfileStore s = store();
   DynamicOffloadConfig config = config_;
   config.build_profile = true;
   PreparedProfile prepared = prepare_profile(config, kClass, s, kCard8);
+  // The directory turns into a file during the run.
+  fs::remove_all(dir_);
+  std::ofstream(dir_) << "not a directory";
   ProfileReport report;
   Status status = finish_region(prepared, region_peaking_at(6), s, &report);
   EXPECT_EQ(status.code(), Code::kUnavailable);
   EXPECT_EQ(report.status, ProfileStatus::kFailed);
   ASSERT_TRUE(report.error.has_value());
   EXPECT_NE(report.error->find("DDO_PROFILE_DIR"), std::string::npos);
+}
+
+// Before: an unwritable profile directory was found only when the measured run had ended.
+TEST_F(CalibrationTest, AnUnwritableProfileDirectoryFailsBeforeTheRun) {
+  fs::create_directories(dir_.parent_path());
+  std::ofstream(dir_) << "not a directory";
+  ProfileStore s = store();
+  DynamicOffloadConfig config = config_;
+  config.build_profile = true;
+  try {
+    (void)prepare_profile(config, kClass, s, kCard8);
+    FAIL() << "calibration prepared with a profile directory that is a file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kUnavailable);
+    const std::string message = e.what();
+    EXPECT_NE(message.find("'my-workload' cannot be saved"), std::string::npos) << message;
+    EXPECT_NE(message.find(dir_.string()), std::string::npos) << message;
+    EXPECT_NE(message.find("DDO_PROFILE_DIR"), std::string::npos) << message;
+  }
+  // A normal run only reads: it still runs (the profile is missing).
+  EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kMissing);
 }
 
 // ---- Bad input ---------------------------------------------------------------------------
