@@ -9,7 +9,8 @@
 // RSS, bound = max(T_resident, streamed / B_pinned), efficiency = bound / median.
 // See docs/design/0002-measurement.md.
 //
-//   w1 --size full --caps 8,12,16,24,0 --steps 5 --out w1.json --md w1.md
+//   w1 --size full --caps 8,12,16,24,0 --steps 5 --out w1.json
+//   scripts/gpu-bench-table.py w1.json > w1.md                # the markdown table (one writer)
 //   w1 --size tiny --device sim --caps 0.05,0 --steps 5      # the same flow on the simulation
 //
 // Flags: --size tiny|small|full, --caps GiB list (0 = uncapped), --steps N (>= 5 timed steps
@@ -17,12 +18,11 @@
 // when a GPU is present), --no-resident (skip the resident row; then --t-resident S supplies it),
 // --profile-dir DIR, --overrides JSON (config fields for every ddo row, e.g.
 // '{"prefetch_window_mb":2048}'), --timeline (each ddo row keeps the per-unit copy and wait times
-// of its last step: CopyScheduler::timeline), --out FILE.json, --md FILE.md, --commit SHA. Rows on
-// CUDA also record the caching allocator's retries, cudaMallocs and syncs inside the timed steps.
-#include <cmath>
+// of its last step: CopyScheduler::timeline), --out FILE.json (without it the document goes to
+// stdout), --commit SHA. Each row is also logged to stderr as it finishes. Rows on CUDA also
+// record the caching allocator's retries, cudaMallocs and syncs inside the timed steps.
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -217,59 +217,6 @@ json run_row(Context& ctx, const RowSpec& spec) {
   return row;
 }
 
-// Fixed decimals, or three significant digits for the small figures of the tiny model.
-std::string cell(const json& row, const char* key, int precision) {
-  if (!row.contains(key) || !row[key].is_number()) return "-";
-  const double v = row[key].get<double>();
-  if (v != 0 && std::abs(v) < 0.01) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.3g", v);
-    return buf;
-  }
-  return ddo::bench::fmt(v, precision);
-}
-
-std::string cap_text(double cap_gib) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", cap_gib);
-  return buf;
-}
-
-std::string markdown(const json& doc) {
-  std::string md =
-      "| workload | cap GiB | route | setup s | first step s | median step s | "
-      "streamed GB/step | achieved GB/s | wait s/step | peak VRAM GiB | "
-      "peak RSS GiB | bound s | efficiency |\n"
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-  for (const json& row : doc["rows"]) {
-    const double cap = row["cap_gib"].get<double>();
-    md += "| " + row["workload"].get<std::string>() + " | " +
-          (cap > 0 ? cap_text(cap) : std::string("none")) + " | " +
-          row["route"].get<std::string>() + " | ";
-    if (row.contains("error")) {
-      std::string err = row["error"].get<std::string>().substr(0, 80);
-      for (char& c : err) {
-        if (c == '|' || c == '\n') c = ' ';
-      }
-      md += "failed: " + err + " | | | | | | | " + cell(row, "peak_vram_gib", 2) + " | " +
-            cell(row, "peak_host_rss_gib", 1) + " | | |\n";
-      continue;
-    }
-    md += cell(row, "setup_s", 1) + " | " + cell(row, "first_step_s", 3) + " | " +
-          cell(row, "median_step_s", 3) + " | " + cell(row, "streamed_gb_per_step", 2) + " | " +
-          cell(row, "achieved_gbps", 1) + " | " + cell(row, "compute_wait_s_per_step", 3) + " | " +
-          cell(row, "peak_vram_gib", 2) + " | " + cell(row, "peak_host_rss_gib", 1) + " | " +
-          cell(row, "bound_s", 3) + " | " + cell(row, "efficiency", 2) + " |\n";
-  }
-  md += "\nGPU: " + doc.value("gpu", std::string("?")) + "; B_pinned " +
-        ddo::bench::fmt(doc.value("b_pinned_gbps", 0.0), 1) + " GB/s; T_resident " +
-        ddo::bench::fmt(doc.value("t_resident_s", 0.0), 3) + " s; model " +
-        ddo::bench::fmt(doc.value("model_gb", 0.0), 1) + " GB; torch " +
-        doc.value("torch_version", std::string("?")) + "; commit " +
-        doc.value("commit", std::string("?")) + "\n";
-  return md;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,11 +306,10 @@ int main(int argc, char** argv) {
     ddo::bench::write_json(args.get("out", ""), doc);  // partial results survive a timeout
   }
   doc["rows"] = rows;
-  ddo::bench::write_json(args.get("out", ""), doc);
-  const std::string md = markdown(doc);
-  if (args.has("md")) {
-    std::ofstream(args.get("md", "")) << md;
+  if (args.has("out")) {
+    ddo::bench::write_json(args.get("out", ""), doc);
+  } else {
+    std::printf("%s\n", doc.dump(2).c_str());
   }
-  std::printf("%s", md.c_str());
   return 0;
 }

@@ -19,16 +19,18 @@ stream every weight each step), achieved GB/s, compute-stream wait per step (ddo
 (VmHWM, reset per row through /proc/self/clear_refs), bound = max(T_resident, streamed /
 B_pinned) and efficiency = bound / median. B_pinned is measured in the same run (1 GiB pinned
 host tensor -> GPU, best of 5). JSON is rewritten after every row (partial results survive a
-timeout); --md writes the table in the style of bench/results/*/w1.md.
+timeout); scripts/gpu-bench-table.py writes the markdown table from it (the one writer, shared
+with bench/w1).
 
-  python bench/python/w1_py.py --out w1py.json --md w1py.md --commit $(git rev-parse --short HEAD)
+  python bench/python/w1_py.py --out w1py.json --commit $(git rev-parse --short HEAD)
+  scripts/gpu-bench-table.py w1py.json > w1py.md
   python bench/python/w1_py.py --size tiny --device sim          # CPU smoke test, sim device
 
 Flags: --size full|tiny, --caps GiB list, --steps N, --routes resident,calibrated,block,leaf,
 --device cuda|sim (sim: ddo rows on the host simulation with sim_device_capacity_gb=cap, the
 resident row on the CPU, diffusers routes skipped), --t-resident S (when the resident row is not
 run), --overrides JSON (config fields for every ddo row), --sample-ms, --child-timeout,
---out FILE.json, --md FILE.md, --commit SHA. The profiles go to a fresh temporary directory
+--out FILE.json, --commit SHA. The profiles go to a fresh temporary directory
 (DDO_PROFILE_DIR, set before the first enable_offload).
 
 Needs the ddo package (PYTHONPATH=<build>/python or an installed wheel), torch and diffusers.
@@ -528,43 +530,7 @@ def finalize(row: dict, t_resident, b_pinned_gbps) -> None:
 
 
 def fmt(value, spec: str) -> str:
-    if value is None:
-        return "-"
-    if spec == "wait":
-        return f"{value:.3f}" if value >= 0.001 or value == 0 else f"{value:.3g}"
-    return format(value, spec)
-
-
-def table(result: dict) -> str:
-    head = ("| workload | cap GiB | route | setup s | first step s | median step s | "
-            "streamed GB/step | achieved GB/s | wait s/step | peak VRAM GiB | peak RSS GiB | "
-            "bound s | efficiency |")
-    lines = [head, "| " + " | ".join(["---"] * 13) + " |"]
-    for r in result["rows"]:
-        cap = "none" if r.get("cap_gib") is None else f"{r['cap_gib']:g}"
-        route = {"block": "diffusers block", "leaf": "diffusers leaf"}.get(r["route"], r["route"])
-        if r.get("error") and r.get("median_step_s") is None:
-            lines.append(f"| {r['workload']} | {cap} | {route} | failed: "
-                         f"{r['error'][:90].replace('|', '/')} |" + " - |" * 9)
-            continue
-        cells = [
-            r["workload"], cap, route, fmt(r.get("setup_s"), ".1f"),
-            fmt(r.get("first_step_s"), ".3f"), fmt(r.get("median_step_s"), ".3f"),
-            fmt(r.get("streamed_gb_per_step"), ".2f"), fmt(r.get("achieved_gbps"), ".1f"),
-            fmt(r.get("compute_wait_s_per_step"), "wait"), fmt(r.get("peak_vram_gib"), ".2f"),
-            fmt(r.get("peak_host_rss_gib"), ".1f"), fmt(r.get("bound_s"), ".3f"),
-            fmt(r.get("efficiency"), ".2f"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    t_res = result.get("t_resident_s")
-    lines.append("")
-    lines.append(
-        f"{'GPU: ' + result['gpu'] if result['cuda'] else 'sim device (CPU numbers)'}; "
-        f"B_pinned {result['b_pinned_gbps']:.1f} GB/s; "
-        f"T_resident {'-' if t_res is None else format(t_res, '.3f')} s; "
-        f"model {result['model_gb']:.1f} GB; torch {result['torch_version']}; "
-        f"diffusers {result['diffusers_version']}; commit {result['commit'] or '-'}")
-    return "\n".join(lines) + "\n"
+    return "-" if value is None else format(value, spec)
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -636,7 +602,6 @@ def parse_args(argv=None):
                    help="JSON object of config fields for every ddo row, e.g. "
                         "'{\"prefetch_window_mb\": 2048}'")
     p.add_argument("--out", default="w1py.json")
-    p.add_argument("--md", default=None)
     p.add_argument("--commit", default=None)
     p.add_argument("--only-route", choices=("block", "leaf"), help=argparse.SUPPRESS)
     p.add_argument("--row-out", help=argparse.SUPPRESS)
@@ -705,8 +670,6 @@ def main(argv=None) -> int:
         for r in result["rows"]:
             finalize(r, result.get("t_resident_s"), result.get("b_pinned_gbps"))
         write_atomic(args.out, json.dumps(result, indent=1, default=str))
-        if args.md:
-            write_atomic(args.md, table(result))
 
     model, nbytes, params, build = build_model(args.size, "cuda" if cuda else "cpu")
     guidance = bool(model.config.guidance_embeds)
@@ -784,8 +747,7 @@ def main(argv=None) -> int:
             add(route, None, "diffusers_group_offload", row_subprocess, route)
 
     save()
-    log(f"done: {args.out}" + (f", {args.md}" if args.md else ""))
-    print(table(result), flush=True)
+    log(f"done: {args.out} (table: scripts/gpu-bench-table.py {args.out})")
     return 0
 
 
