@@ -88,7 +88,8 @@ if(CMAKE_SCRIPT_MODE_FILE)
     ddo_stdlib_copy_reason("${lib}" reason)
     if(reason)
       message(SEND_ERROR "${lib}: ${reason}. Inside Python it crashes next to torch's "
-        "libstdc++.so.6; build with a g++ that links libstdc++.so, or see cmake/DdoSharedStdlib.cmake.")
+        "libstdc++.so.6. The configure output's 'ddo: libstdc++' lines say how the probe of "
+        "cmake/DdoSharedStdlib.cmake linked; a g++ that links libstdc++.so needs no probe.")
     else()
       message(STATUS "${lib}: needs the shared libstdc++.so.6, defines none of its internals")
     endif()
