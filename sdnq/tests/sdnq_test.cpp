@@ -78,7 +78,7 @@ TEST_P(SdnqLayouts, QuantizeThenDequantizeIsCloseAndShapedAsTheFormatSays) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SdnqLayouts, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return name_of(info.param); });
+                         [](const auto& test) { return name_of(test.param); });
 
 TEST(SdnqReference, Uint4NibblesLowFirstAndAddcmul) {
   // One row, one group of 4: bytes 0x21, 0x43 hold 1, 2, 3, 4.
