@@ -174,7 +174,7 @@ endfunction()
 # folder (and again when the compiler or the linker flags change).
 function(_ddo_configure_shared_stdlib)
   set(key "${CMAKE_CXX_COMPILER}|${CMAKE_CXX_FLAGS}|${CMAKE_SHARED_LINKER_FLAGS}|${DDO_SHARED_STDLIB}")
-  if(DEFINED CACHE{DDO_STDLIB_PROBED} AND "$CACHE{DDO_STDLIB_PROBED}" STREQUAL "${key}")
+  if(DEFINED CACHE{DDO_STDLIB_SUMMARY} AND "$CACHE{DDO_STDLIB_PROBED}" STREQUAL "${key}")
     return()
   endif()
   set(options "")
