@@ -669,6 +669,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
 
   // The runtime follows the model (core::resolve_execution_mode): SDNQ layers take sdnq_runtime.
   s->inventory = to_inventory(s->tree, s->torch_device);
+  const core::ExecutionMode requested_mode = config.execution_mode;
   if (const core::ExecutionMode mode =
           core::resolve_execution_mode(config.execution_mode, s->inventory);
       mode != config.execution_mode) {
@@ -728,6 +729,15 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   }
   if (!ctx.calibrating) ctx.candidate_compute_ms = s->prepared.candidate_compute_ms;
   s->plan = core::make_plan(s->inventory, config, ctx);
+  if (requested_mode != config.execution_mode) {
+    // The planner saw the resolved mode; the decision that resolved it goes first in the report.
+    s->plan.decisions.insert(
+        s->plan.decisions.begin(),
+        core::Decision{"sdnq_runtime_auto",
+                       {{"requested", core::to_string(requested_mode)}},
+                       "the model has SDNQ layers: their packed tensors stream with the "
+                       "sdnq_runtime rules"});
+  }
   s->setup.plan_seconds = internal::seconds_since(t0);
   internal::emit(*s, "plan", s->setup.plan_seconds,
                  {{"modules", s->inventory.modules.size()},
