@@ -180,12 +180,13 @@ run_tests() {
   cat "$tlog" >>"$LOG"
   say "ctest rc=$rc: $(grep -E 'tests passed|tests failed' "$tlog" | tr '\n' ' ')"
   grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$tlog" | head -20 | tee -a "$SUMMARY"
-  echo "GPU tests: $(grep -cE 'Test +#[0-9]+: CudaOffload.*Passed' "$tlog") CudaOffload passed; skipped for lack of a GPU: $(grep -c 'no CUDA GPU' "$tlog")" | tee -a "$SUMMARY"
+  echo "GPU tests: $(grep -cE 'Test +#[0-9]+: .*Passed' "$tlog") passed; skipped for lack of a GPU: $(grep -c 'no CUDA GPU' "$tlog")" | tee -a "$SUMMARY"
   rm -f "$tlog"
   if [ ${#PYBUILD[@]} -gt 0 ]; then
     install_wheels
     echo "== pytest" >>"$LOG"
-    (cd "$ROOT" && timeout 120 "$PY" -m pytest -q -p no:cacheprovider python/tests) >>"$LOG" 2>&1
+    (cd "$ROOT" && timeout "${DDO_PYTEST_TIMEOUT:-120}" "$PY" -m pytest -q -p no:cacheprovider \
+      ${DDO_GPU_PYTEST_ARGS:-python/tests}) >>"$LOG" 2>&1
     local prc=$?
     say "pytest rc=$prc: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
     [ $prc -ge 128 ] && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" crash >>"$LOG" 2>&1
@@ -260,12 +261,15 @@ case "$MODE" in
   bench) build && micro && w1 ;;
   py) build && py ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
+  # SDNQ in one call: build, the GPU tests (kernels, streamed units, probe lifecycle), pytest,
+  # then W2 as DDO_W2_* select.
+  sdnq) build && { DDO_GPU_TESTS_ONLY=1 run_tests; DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh"; } ;;
   all) build && { run_tests; micro; w1; } ;;
   everything) build && { run_tests; micro; w1; py; } ;;
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
   pydiag) build && install_wheels && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" link >>"$LOG" 2>&1 ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py|w2]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py|w2|sdnq]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"
