@@ -17,8 +17,8 @@
 //   plan.find_decision("balanced_policy");     // its inputs: total, headroom, candidates, ...
 //   std::cout << plan.summary();
 //
-// See Note [Resident cost] and Note [Spread order] in planner.cpp for the two definitions the
-// spec leaves open.
+// See Note [Resident cost] and Note [Spread order] in planner_residency.cpp for the two definitions
+// the spec leaves open.
 #pragma once
 
 #include <cstddef>

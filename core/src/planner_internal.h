@@ -1,0 +1,132 @@
+// The Planner behind make_plan (internal to ddo_core): one object per make_plan call that holds
+// the inventory, the config and the context, and fills a Plan phase by phase. Its member functions
+// are defined by phase, one file each:
+//
+//   planner.cpp            checks, the module tree, the order of the phases (run), make_plan
+//   planner_patterns.cpp   skip and always-resident patterns, the auto block pattern
+//   planner_residency.cpp  resident candidates, costs, the budget, selection orders
+//   planner_pinning.cpp    pin admission against RAM and explicit bounds, SDNQ admission
+//   planner_units.cpp      which tensors stream, placements, stream units, whole-component routes
+//   planner_report.cpp     Plan::to_json, Plan::summary
+//
+//   Plan plan = planner_internal::Planner(inventory, config, context).run();
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ddo/core/planner.h"
+#include "ddo/core/status.h"
+#include "ddo/core/units.h"
+
+namespace ddo::core::planner_internal {
+
+// A GiB field of the config in bytes. validate_config bounds every such field so that this fits;
+// the check stays, naming the field, for a config that skipped it.
+inline std::int64_t field_bytes(double gib, const char* field) {
+  return to_bytes_or_throw(gib, ByteUnit::kGiB, field);
+}
+inline std::string gib(std::int64_t bytes) {
+  return fmt::format("{:.2f} GiB", bytes_to_gib(bytes));
+}
+
+struct CompiledPatterns {
+  std::vector<std::string> sources;
+  std::vector<std::regex> regexes;
+
+  bool search(const std::string& name) const {
+    return std::any_of(regexes.begin(), regexes.end(),
+                       [&](const std::regex& r) { return std::regex_search(name, r); });
+  }
+};
+
+// Compiles `patterns` for searching module names; throws ddo::Error naming `field` and the
+// pattern when one is over the pattern limits or not a regex.
+CompiledPatterns compile(const std::vector<std::string>& patterns, std::string_view field);
+
+std::string regex_escape(std::string_view text);
+
+// At most `limit` names, then "... N more", for a decision's inputs.
+nlohmann::json names_json(const std::vector<std::string>& names, std::size_t limit = 16);
+
+struct BlockGroup {
+  std::string prefix;
+  std::vector<std::size_t> members;  // modules with streamable weights, model order
+  std::int64_t bytes = 0;
+  std::size_t first = 0;  // model index of the first member (tie-break)
+
+  std::string pattern() const {
+    return prefix.empty() ? std::string("^[0-9]+$") : "^" + regex_escape(prefix) + R"(\.[0-9]+$)";
+  }
+};
+
+class Planner {
+ public:
+  Planner(const ModelInventory& inventory, const DynamicOffloadConfig& config,
+          const PlanContext& context)
+      : inv_(inventory), config_(config), ctx_(context), n_(inventory.modules.size()) {}
+
+  Plan run();
+
+ private:
+  void decide(std::string name, nlohmann::json inputs, std::string detail) {
+    plan_.decisions.push_back({std::move(name), std::move(inputs), std::move(detail)});
+  }
+  const std::string& name_of(std::size_t m) const { return inv_.modules[m].name; }
+  const TensorInfo& tensor(TensorRef ref) const {
+    return inv_.modules[ref.module].tensors[ref.tensor];
+  }
+
+  void check_inputs() const;
+  void index_parents();
+  void mark_with_descendants(const CompiledPatterns& patterns, std::vector<bool>* flags,
+                             std::vector<std::string>* matched) const;
+  bool flagged_or_ancestor(std::size_t m, const std::vector<bool>& flags) const;
+  void classify_tensors();
+  void apply_skip();
+  void apply_always_resident();
+  void compute_costs();
+  std::vector<BlockGroup> find_block_groups() const;
+  std::vector<BlockGroup> choose_block_groups(bool all_lists);
+  void resolve_resident_candidates();
+  std::int64_t staging_estimate();
+  void resolve_resident_budget();
+  void select_residents();
+  void assign_placements();
+  void plan_pinning();
+  void admit_linear_pins(std::int64_t candidates);
+  void admit_sdnq_pins(std::int64_t candidates);
+  void pin_selected(const std::vector<TensorRef>& candidates, std::int64_t budget);
+  void build_stream_units();
+  void plan_whole_route();
+
+  const ModelInventory& inv_;
+  const DynamicOffloadConfig& config_;
+  const PlanContext& ctx_;
+  const std::size_t n_;
+  Plan plan_;
+
+  std::vector<std::optional<std::size_t>> parent_;  // nearest ancestor present in the inventory
+  std::vector<bool> skipped_;
+  std::vector<bool> always_resident_;
+  std::vector<std::vector<bool>> streamable_;  // [module][tensor]
+  std::vector<std::int64_t> own_cost_;         // streamable bytes of a module's own tensors
+  std::vector<std::int64_t> subtree_cost_;     // own_cost_ over the module and its descendants
+  std::vector<bool> candidate_;                // outermost resident candidates
+  std::vector<bool> resident_;                 // chosen resident (with descendants)
+  std::vector<std::size_t> candidates_;        // candidate module indices, model order
+  std::vector<BlockGroup> block_groups_;       // the groups behind block_patterns
+  std::int64_t always_resident_bytes_ = 0;
+  std::int64_t move_once_bytes_ = 0;
+  std::vector<TensorRef> streamed_;  // model order
+};
+
+}  // namespace ddo::core::planner_internal

@@ -1,0 +1,179 @@
+// Planner phases that match module names: the skip and always-resident patterns, and the auto
+// block pattern (the repeated block lists).
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "planner_internal.h"
+
+// Note [Auto block pattern]
+// The spec's `auto` takes the one repeated list (`<prefix>.<n>`, >= 2 members with streamable
+// weights) with the most bytes. A FLUX transformer has two (19 double blocks, 38 single blocks);
+// with only the larger as candidates, 24 GiB buys nothing over 16 (benchmarks.md). The `auto_all`
+// token (or PlanContext::all_block_lists) makes every qualifying list a candidate, largest first,
+// dropping lists nested inside a member of a list already taken (`blocks.3.ff.net.0`,
+// `blocks.3.ff.net.2` inside `blocks.3`). A root whose children are `0`, `1`, ... (a Sequential)
+// gives the prefix "" and the pattern `^[0-9]+$`.
+
+namespace ddo::core::planner_internal {
+
+std::string regex_escape(std::string_view text) {
+  static constexpr std::string_view kSpecial = R"(\^$.|?*+()[]{})";
+  std::string out;
+  for (char c : text) {
+    if (kSpecial.find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+bool all_digits(std::string_view text) {
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+CompiledPatterns compile(const std::vector<std::string>& patterns, std::string_view field) {
+  CompiledPatterns out;
+  for (std::size_t i = 0; i < patterns.size(); ++i) {
+    const std::string& p = patterns[i];
+    // Note [Pattern limits] (config.cpp): bounded before std::regex sees it. The inferred block
+    // patterns come from module names, which validate_config never saw.
+    throw_if_error(check_module_pattern(field, i, p));
+    try {
+      out.regexes.emplace_back(p, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error(Code::kInvalidArgument,
+                  internal::str_cat(field, " pattern '", p, "' is not a valid regex (", e.what(),
+                                    "); write an ECMAScript regex searched in module names"));
+    }
+    out.sources.push_back(p);
+  }
+  return out;
+}
+
+bool Planner::flagged_or_ancestor(std::size_t m, const std::vector<bool>& flags) const {
+  for (std::optional<std::size_t> cur = m; cur; cur = parent_[*cur]) {
+    if (flags[*cur]) return true;
+  }
+  return false;
+}
+
+void Planner::mark_with_descendants(const CompiledPatterns& patterns, std::vector<bool>* flags,
+                                    std::vector<std::string>* matched) const {
+  std::vector<bool> direct(n_, false);
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (patterns.search(name_of(m))) {
+      direct[m] = true;
+      matched->push_back(name_of(m));
+    }
+  }
+  flags->assign(n_, false);
+  for (std::size_t m = 0; m < n_; ++m) (*flags)[m] = flagged_or_ancestor(m, direct);
+}
+
+void Planner::apply_skip() {
+  skipped_.assign(n_, false);
+  if (config_.skip_modules_pattern.empty()) return;
+  CompiledPatterns patterns = compile(config_.skip_modules_pattern, "skip_modules_pattern");
+  std::vector<std::string> matched;
+  mark_with_descendants(patterns, &skipped_, &matched);
+  if (matched.empty()) return;
+  std::int64_t bytes = 0;
+  std::size_t modules = 0;
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (!skipped_[m]) continue;
+    ++modules;
+    bytes += inv_.modules[m].bytes();
+  }
+  decide("skip_pattern",
+         {{"patterns", patterns.sources},
+          {"matched", names_json(matched)},
+          {"modules", modules},
+          {"bytes", bytes}},
+         fmt::format("{} modules ({}) left where they are", modules, gib(bytes)));
+}
+
+void Planner::apply_always_resident() {
+  always_resident_.assign(n_, false);
+  if (config_.always_resident_modules_pattern.empty()) return;
+  CompiledPatterns patterns =
+      compile(config_.always_resident_modules_pattern, "always_resident_modules_pattern");
+  std::vector<std::string> matched;
+  mark_with_descendants(patterns, &always_resident_, &matched);
+  std::vector<std::string> kept;
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (skipped_[m]) always_resident_[m] = false;  // skip wins: the host owns those
+    if (!always_resident_[m]) continue;
+    always_resident_bytes_ += inv_.modules[m].bytes();
+  }
+  for (const std::string& name : matched) {
+    auto index = inv_.module_index(name);
+    if (index && always_resident_[*index]) kept.push_back(name);
+  }
+  if (kept.empty()) return;
+  decide("always_resident",
+         {{"patterns", patterns.sources},
+          {"matched", names_json(kept)},
+          {"modules_matched", kept.size()},
+          {"bytes", always_resident_bytes_}},
+         fmt::format("{} modules ({}) resident on top of the budget", kept.size(),
+                     gib(always_resident_bytes_)));
+}
+
+std::vector<BlockGroup> Planner::find_block_groups() const {
+  std::map<std::string, BlockGroup> by_prefix;  // ordered: the result is sorted again below
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (skipped_[m] || subtree_cost_[m] == 0) continue;
+    const std::string& name = name_of(m);
+    std::size_t dot = name.rfind('.');
+    std::string_view last =
+        dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(dot + 1);
+    if (!all_digits(last)) continue;
+    std::string prefix = dot == std::string::npos ? std::string() : name.substr(0, dot);
+    BlockGroup& group = by_prefix[prefix];
+    if (group.members.empty()) {
+      group.prefix = prefix;
+      group.first = m;
+    }
+    group.members.push_back(m);
+    group.bytes += subtree_cost_[m];
+  }
+  std::vector<BlockGroup> groups;
+  for (auto& [prefix, group] : by_prefix) {
+    if (group.members.size() >= 2) groups.push_back(std::move(group));
+  }
+  std::sort(groups.begin(), groups.end(), [](const BlockGroup& a, const BlockGroup& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.first < b.first;
+  });
+  return groups;
+}
+
+std::vector<BlockGroup> Planner::choose_block_groups(bool all_lists) {
+  std::vector<BlockGroup> groups = find_block_groups();
+  std::vector<BlockGroup> chosen;
+  for (BlockGroup& group : groups) {
+    if (chosen.empty()) {
+      chosen.push_back(std::move(group));
+      if (!all_lists) break;
+      continue;
+    }
+    const bool nested = std::any_of(chosen.begin(), chosen.end(), [&](const BlockGroup& taken) {
+      for (std::size_t member : taken.members) {
+        if (is_within(group.prefix, name_of(member))) return true;
+      }
+      for (std::size_t member : group.members) {
+        if (is_within(taken.prefix, name_of(member))) return true;
+      }
+      return false;
+    });
+    if (!nested) chosen.push_back(std::move(group));
+  }
+  return chosen;
+}
+
+}  // namespace ddo::core::planner_internal

@@ -1,0 +1,412 @@
+// Planner phases that choose residents: candidates and their costs, the resident budget (manual,
+// profile, calibration, balanced policy) and the selection orders.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "planner_internal.h"
+
+// Note [Resident cost]
+// A resident candidate (a block) costs what residency adds to the device: the bytes of its
+// streamable tensors. Its small tensors (bias, norms) go to the device once either way and are
+// counted in move_once_bytes; its always-resident parts (e.g. the `proj_out` Linear inside each
+// FLUX single block, which the default always-resident pattern matches) are counted once, in
+// always_resident_bytes, and never again in a block's cost. The balanced policy subtracts
+// move-once and always-resident bytes from the VRAM before it hands the rest to candidates:
+// benchmarks.md records a system whose always-resident modules came on top of its budget and
+// broke an 8 GiB cap.
+//
+// Note [Spread order]
+// `spread` keeps residents evenly spaced through the block list so that streamed blocks are
+// interleaved with resident ones and each copy hides behind a resident block's compute. For n
+// candidates of total size T and a budget B it takes k = min(n, floor(B / (T / n))) (how many
+// fit by average size) at the centres of k equal strides, index_i = floor((2i + 1) * n / (2k))
+// for i = 0..k-1 (n = 19, k = 5 gives 1, 5, 9, 13, 17), then every other candidate in model
+// order. The greedy fill after it skips what does not fit and keeps going, so a budget slightly
+// above k averages still fills with later, smaller candidates.
+//
+// Note [Balanced order]
+// When copies dominate (streamed bytes / link speed near or above compute time), a step is only
+// as fast as the copy stream is busy: it must never idle ahead of compute (its lead is bounded by
+// the staging window) nor fall behind where compute is short. So streamed bytes should follow
+// compute along the step. Index-even spreading does that only when every candidate has the same
+// compute per byte; a FLUX transformer's double blocks do about half the work per byte of its
+// single blocks (half their weights see only the 512 text tokens), so evenly spread residents
+// leave the double blocks copy-bound and the single blocks idling the link (seen on the H200:
+// 28 ms of copy idle per step at a 16 GiB cap). With a measured compute time c_i per candidate
+// (the calibration run times every candidate, all streamed; ProfileRecommendation::
+// candidate_compute_ms) and S = candidate bytes - budget to stream, the candidates are walked in
+// model order and each is streamed when that brings the streamed bytes closer to
+// S * (compute so far, this one included) / (all compute), else kept resident: error diffusion
+// of S along compute. Residents so chosen come first in the order, the streamed ones after, so the
+// greedy fill can still use budget that rounding left over.
+//
+
+namespace ddo::core {
+namespace planner_internal {
+
+void Planner::compute_costs() {
+  // Always-resident parts cost nothing extra to a block (Note [Resident cost]).
+  subtree_cost_.assign(n_, 0);
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (always_resident_[m] || own_cost_[m] == 0) continue;
+    for (std::optional<std::size_t> cur = m; cur; cur = parent_[*cur]) {
+      subtree_cost_[*cur] += own_cost_[m];
+    }
+  }
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (skipped_[m]) continue;
+    const ModuleInfo& mod = inv_.modules[m];
+    for (std::size_t t = 0; t < mod.tensors.size(); ++t) {
+      if (!always_resident_[m] && !streamable_[m][t]) move_once_bytes_ += mod.tensors[t].bytes;
+    }
+  }
+}
+
+void Planner::resolve_resident_candidates() {
+  candidate_.assign(n_, false);
+  bool want_auto = false;
+  bool want_all = ctx_.all_block_lists;
+  std::vector<std::string> explicit_patterns;
+  for (const std::string& p : config_.resident_module_patterns) {
+    if (p == "auto") {
+      want_auto = true;
+    } else if (p == "auto_all") {
+      want_auto = true;
+      want_all = true;
+    } else {
+      explicit_patterns.push_back(p);
+    }
+  }
+  // The group routes need the block list even when no residents are asked for.
+  const bool need_blocks = want_auto || config_.route == Route::kGroupBlock;
+  if (need_blocks) {
+    // Classic block-level offload groups every repeated block list, not only the largest.
+    block_groups_ = choose_block_groups(want_all || config_.route == Route::kGroupBlock);
+    for (const BlockGroup& g : block_groups_) plan_.block_patterns.push_back(g.pattern());
+    if (!block_groups_.empty()) plan_.block_pattern = block_groups_.front().pattern();
+    nlohmann::json groups = nlohmann::json::array();
+    for (const BlockGroup& g : block_groups_) {
+      groups.push_back({{"prefix", g.prefix},
+                        {"members", g.members.size()},
+                        {"bytes", g.bytes},
+                        {"pattern", g.pattern()}});
+    }
+    decide("auto_block_pattern",
+           {{"mode", want_all ? "auto_all" : "auto"},
+            {"requested_by", want_auto ? "resident_module_patterns" : "route"},
+            {"chosen", std::move(groups)}},
+           block_groups_.empty()
+               ? std::string("no repeated block list (>= 2 members with streamable weights)")
+               : fmt::format("{} ({} lists)", fmt::join(plan_.block_patterns, ", "),
+                             block_groups_.size()));
+  }
+  if (want_auto) {
+    plan_.resident_patterns = plan_.block_patterns;
+  }
+  for (const std::string& p : explicit_patterns) plan_.resident_patterns.push_back(p);
+  if (plan_.resident_patterns.empty()) return;
+
+  CompiledPatterns patterns = compile(plan_.resident_patterns, "resident_module_patterns");
+  std::vector<bool> direct(n_, false);
+  for (std::size_t m = 0; m < n_; ++m) {
+    direct[m] = !skipped_[m] && !always_resident_[m] && patterns.search(name_of(m));
+  }
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (!direct[m] || subtree_cost_[m] == 0) continue;
+    // Outermost only: a match inside a matched module is already covered by it.
+    if (parent_[m] && flagged_or_ancestor(*parent_[m], direct)) continue;
+    candidate_[m] = true;
+    candidates_.push_back(m);
+    plan_.resident_candidate_bytes += subtree_cost_[m];
+  }
+}
+
+std::int64_t Planner::staging_estimate() {
+  std::string source;
+  std::int64_t bytes = 0;
+  if (ctx_.staging_bytes) {
+    bytes = *ctx_.staging_bytes;
+    source = "context";
+  } else if (config_.staging_mb > 0) {
+    bytes = to_bytes_or_throw(config_.staging_mb, ByteUnit::kMiB, "staging_mb");
+    source = "staging_mb";
+  } else {
+    // The engine double-buffers one unit ahead: two of the largest block, or of the largest
+    // streamed tensor when there are no blocks.
+    std::int64_t largest = 0;
+    for (std::size_t m : candidates_) largest = std::max(largest, subtree_cost_[m]);
+    source = "two_largest_blocks";
+    if (largest == 0) {
+      source = "two_largest_tensors";
+      for (std::size_t m = 0; m < n_; ++m) {
+        if (always_resident_[m]) continue;
+        for (std::size_t t = 0; t < streamable_[m].size(); ++t) {
+          if (streamable_[m][t]) largest = std::max(largest, inv_.modules[m].tensors[t].bytes);
+        }
+      }
+    }
+    bytes = 2 * largest;
+  }
+  plan_.staging_estimate_bytes = bytes;
+  return bytes;
+}
+
+void Planner::resolve_resident_budget() {
+  const std::int64_t candidates = plan_.resident_candidate_bytes;
+  // The seed: calibration "forces the resident module budget to zero", so it comes before the
+  // manual budget; an ignored manual budget is recorded, never silently dropped.
+  if (ctx_.calibrating) {
+    plan_.resident_budget_bytes = 0;
+    decide("profile_calibration",
+           {{"profile_name", config_.profile_name},
+            {"candidate_bytes", candidates},
+            {"ignored_resident_module_budget_gb", config_.resident_module_budget_gb}},
+           "residency calibration forces the resident budget to 0");
+    return;
+  }
+  if (config_.resident_module_budget_gb > 0) {
+    plan_.resident_budget_bytes =
+        field_bytes(config_.resident_module_budget_gb, "resident_module_budget_gb");
+    decide("resident_budget_manual",
+           {{"resident_module_budget_gb", config_.resident_module_budget_gb},
+            {"budget_bytes", plan_.resident_budget_bytes},
+            {"profile_budget_bytes", ctx_.profile_budget_bytes.has_value()
+                                         ? nlohmann::json(*ctx_.profile_budget_bytes)
+                                         : nlohmann::json(nullptr)},
+            {"calibrating", ctx_.calibrating}},
+           fmt::format("manual budget {} wins over profiles and the auto policy",
+                       gib(plan_.resident_budget_bytes)));
+    return;
+  }
+  if (ctx_.profile_budget_bytes) {
+    plan_.resident_budget_bytes = *ctx_.profile_budget_bytes;
+    decide("resident_budget_profile",
+           {{"profile_budget_bytes", *ctx_.profile_budget_bytes},
+            {"profile_name", config_.profile_name}},
+           fmt::format("saved profile recommendation {} replaces the heuristic",
+                       gib(plan_.resident_budget_bytes)));
+    return;
+  }
+  if (config_.auto_budget_policy != AutoBudgetPolicy::kBalanced) {
+    plan_.resident_budget_bytes = 0;
+    decide("resident_budget_none",
+           {{"auto_budget_policy", to_string(config_.auto_budget_policy)},
+            {"resident_module_budget_gb", config_.resident_module_budget_gb},
+            {"candidate_bytes", candidates}},
+           "no manual budget, no profile and the auto policy is off: budget 0");
+    return;
+  }
+
+  std::int64_t total = ctx_.total_vram_bytes;
+  const std::int64_t cap = field_bytes(config_.vram_cap_gb, "vram_cap_gb");
+  if (cap > 0) total = total > 0 ? std::min(total, cap) : cap;
+  const bool manual_headroom = config_.auto_vram_headroom_gb > 0;
+  const std::int64_t headroom =
+      manual_headroom ? field_bytes(config_.auto_vram_headroom_gb, "auto_vram_headroom_gb")
+                      : balanced_headroom_bytes(total);
+  const std::int64_t staging = staging_estimate();
+  const std::int64_t room = total - headroom - always_resident_bytes_ - move_once_bytes_ - staging;
+  std::int64_t budget = total > 0 ? std::clamp<std::int64_t>(room, 0, candidates) : 0;
+  decide("balanced_policy",
+         {{"total_vram_bytes", total},
+          {"vram_cap_gb", config_.vram_cap_gb},
+          {"headroom_bytes", headroom},
+          {"headroom_source", manual_headroom ? "auto_vram_headroom_gb" : "table"},
+          {"always_resident_bytes", always_resident_bytes_},
+          {"move_once_bytes", move_once_bytes_},
+          {"staging_bytes", staging},
+          {"candidate_bytes", candidates},
+          {"budget_bytes", budget}},
+         total > 0 ? fmt::format("{} = min(candidates {}, total {} - headroom {} - always-resident "
+                                 "{} - move-once {} - staging {})",
+                                 gib(budget), gib(candidates), gib(total), gib(headroom),
+                                 gib(always_resident_bytes_), gib(move_once_bytes_), gib(staging))
+                   : std::string("total VRAM unknown: budget 0"));
+  const std::int64_t max_budget =
+      field_bytes(config_.max_resident_module_budget_gb, "max_resident_module_budget_gb");
+  if (max_budget > 0 && budget > max_budget) {
+    decide("max_budget_cap",
+           {{"max_resident_module_budget_gb", config_.max_resident_module_budget_gb},
+            {"uncapped_bytes", budget},
+            {"budget_bytes", max_budget}},
+           fmt::format("capped {} to {}", gib(budget), gib(max_budget)));
+    budget = max_budget;
+  }
+  plan_.resident_budget_bytes = budget;
+}
+
+void Planner::select_residents() {
+  resident_.assign(n_, false);
+  if (candidates_.empty()) return;
+  std::vector<std::int64_t> costs;
+  for (std::size_t m : candidates_) costs.push_back(subtree_cost_[m]);
+  const std::int64_t budget = plan_.resident_budget_bytes;
+  std::vector<std::size_t> order =
+      selection_order(costs, config_.resident_module_selection, budget);
+  // Note [Balanced order]: measured compute per candidate replaces index-even spreading.
+  bool balanced = false;
+  if (config_.resident_module_selection == Selection::kSpread &&
+      !ctx_.candidate_compute_ms.empty()) {
+    std::vector<double> compute;
+    std::string missing;
+    for (std::size_t m : candidates_) {
+      auto it = ctx_.candidate_compute_ms.find(name_of(m));
+      if (it == ctx_.candidate_compute_ms.end()) {
+        missing = name_of(m);
+        break;
+      }
+      compute.push_back(it->second);
+    }
+    balanced = missing.empty();
+    decide("balanced_order",
+           {{"measured_candidates", ctx_.candidate_compute_ms.size()},
+            {"candidates", candidates_.size()},
+            {"used", balanced}},
+           balanced
+               ? std::string("residents placed by measured compute per candidate")
+               : fmt::format("no measured compute for candidate '{}': spread by index", missing));
+    if (balanced) order = balanced_order(costs, compute, budget);
+  }
+  std::vector<std::size_t> chosen = greedy_fill(order, costs, budget);
+  std::vector<bool> chosen_flag(n_, false);
+  std::vector<std::string> chosen_names;
+  std::sort(chosen.begin(), chosen.end());  // report in model order
+  for (std::size_t i : chosen) {
+    chosen_flag[candidates_[i]] = true;
+    chosen_names.push_back(name_of(candidates_[i]));
+    plan_.resident_used_bytes += costs[i];
+  }
+  std::size_t skipped_for_size = 0;
+  std::int64_t used = 0;
+  for (std::size_t i : order) {
+    if (used + costs[i] <= budget) {
+      used += costs[i];
+    } else if (costs[i] <= budget) {
+      ++skipped_for_size;  // would fit alone, not after earlier picks
+    }
+  }
+  for (std::size_t m = 0; m < n_; ++m) {
+    resident_[m] = !skipped_[m] && !always_resident_[m] && flagged_or_ancestor(m, chosen_flag);
+  }
+  decide("resident_selection",
+         {{"selection", to_string(config_.resident_module_selection)},
+          {"balanced_by_measured_compute", balanced},
+          {"candidates", candidates_.size()},
+          {"candidate_bytes", plan_.resident_candidate_bytes},
+          {"budget_bytes", budget},
+          {"chosen", chosen.size()},
+          {"chosen_bytes", plan_.resident_used_bytes},
+          {"skipped_for_size", skipped_for_size},
+          {"chosen_modules", names_json(chosen_names)}},
+         fmt::format("{} of {} candidates resident ({} of budget {}, {})", chosen.size(),
+                     candidates_.size(), gib(plan_.resident_used_bytes), gib(budget),
+                     to_string(config_.resident_module_selection)));
+}
+
+}  // namespace planner_internal
+
+std::int64_t balanced_headroom_bytes(std::int64_t total_vram_bytes) {
+  // <= 8.5 GiB: 2.5 GiB, the middle of the spec's 2-3 GiB. The CUDA context, library workspaces
+  // and one step's activations do not shrink with the card, so the small-card headroom cannot
+  // go far below the 12 GiB tier's; 3 GiB would cost an 8 GiB card a further 6% of its memory.
+  if (total_vram_bytes <= static_cast<std::int64_t>(8.5 * kGiB)) return 5 * kGiBBytes / 2;
+  if (total_vram_bytes <= static_cast<std::int64_t>(12.5 * kGiB)) return 5 * kGiBBytes / 2;
+  return std::max<std::int64_t>(3 * kGiBBytes,
+                                static_cast<std::int64_t>(std::llround(0.15 * total_vram_bytes)));
+}
+
+std::vector<std::size_t> selection_order(const std::vector<std::int64_t>& bytes,
+                                         Selection selection, std::int64_t budget_bytes) {
+  const std::size_t n = bytes.size();
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  switch (selection) {
+    case Selection::kFirst:
+      return order;
+    case Selection::kLargest:
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::size_t a, std::size_t b) { return bytes[a] > bytes[b]; });
+      return order;
+    case Selection::kSpread:
+      break;
+  }
+  // Note [Spread order].
+  if (n == 0 || budget_bytes <= 0) return order;
+  const std::int64_t total = std::accumulate(bytes.begin(), bytes.end(), std::int64_t{0});
+  std::size_t k = n;
+  if (total > 0) {
+    // floor(B / (T / n)) = floor(B * n / T), in long double to keep large byte counts exact enough.
+    const long double fit = static_cast<long double>(budget_bytes) * static_cast<long double>(n) /
+                            static_cast<long double>(total);
+    k = static_cast<std::size_t>(std::min<long double>(static_cast<long double>(n), fit));
+  }
+  if (k == 0) return order;
+  std::vector<std::size_t> out;
+  std::vector<bool> taken(n, false);
+  for (std::size_t i = 0; i < k; ++i) {
+    const std::size_t index = (2 * i + 1) * n / (2 * k);
+    taken[index] = true;
+    out.push_back(index);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!taken[i]) out.push_back(i);
+  }
+  return out;
+}
+
+std::vector<std::size_t> balanced_order(const std::vector<std::int64_t>& bytes,
+                                        const std::vector<double>& compute_ms,
+                                        std::int64_t budget_bytes) {
+  // Note [Balanced order].
+  const std::size_t n = bytes.size();
+  DDO_CHECK(compute_ms.size() == n, Code::kInvalidArgument, "balanced_order: ", n,
+            " candidates but ", compute_ms.size(), " compute figures");
+  const std::int64_t total = std::accumulate(bytes.begin(), bytes.end(), std::int64_t{0});
+  const double total_ms = std::accumulate(compute_ms.begin(), compute_ms.end(), 0.0);
+  const long double to_stream =
+      static_cast<long double>(std::max<std::int64_t>(0, total - budget_bytes));
+  std::vector<std::size_t> resident, streamed;
+  long double so_far = 0.0L;
+  double ms_so_far = 0.0;
+  std::int64_t bytes_so_far = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ms_so_far += compute_ms[i];
+    bytes_so_far += bytes[i];
+    // Without compute figures, bytes stand in for compute.
+    const long double share = total_ms > 0.0 ? ms_so_far / total_ms
+                              : total > 0    ? static_cast<long double>(bytes_so_far) / total
+                                             : 1.0L;
+    const long double target = to_stream * share;
+    const long double with = so_far + static_cast<long double>(bytes[i]);
+    if (to_stream > 0 && std::abs(with - target) <= std::abs(so_far - target)) {
+      so_far = with;
+      streamed.push_back(i);
+    } else {
+      resident.push_back(i);
+    }
+  }
+  resident.insert(resident.end(), streamed.begin(), streamed.end());
+  return resident;
+}
+
+std::vector<std::size_t> greedy_fill(const std::vector<std::size_t>& order,
+                                     const std::vector<std::int64_t>& bytes,
+                                     std::int64_t budget_bytes) {
+  std::vector<std::size_t> chosen;
+  std::int64_t used = 0;
+  for (std::size_t i : order) {
+    if (bytes[i] <= budget_bytes - used) {
+      used += bytes[i];
+      chosen.push_back(i);
+    }
+  }
+  return chosen;
+}
+
+}  // namespace ddo::core
