@@ -19,10 +19,6 @@ bool is_blank(std::string_view text) {
                      [](unsigned char c) { return std::isspace(c) != 0; });
 }
 
-double to_gib(std::int64_t bytes) {
-  return static_cast<double>(bytes) / kGiB;
-}
-
 // Registry of devices with an active calibration or probe region. A function-local static, so
 // there is no static constructor and the first use initializes it thread-safely.
 struct RegionRegistry {
@@ -62,10 +58,10 @@ const char* to_string(ProfileStatus status) {
 // ---------------------------------------------------------------------------------------------
 
 json Measurement::to_json() const {
-  return json{{"driver_peak_gb", to_gib(driver_peak_bytes)},
-              {"allocator_peak_reserved_gb", to_gib(allocator_peak_reserved_bytes)},
-              {"initial_non_allocator_gb", to_gib(initial_non_allocator_bytes)},
-              {"peak_gb", to_gib(peak_bytes)},
+  return json{{"driver_peak_gb", bytes_to_gib(driver_peak_bytes)},
+              {"allocator_peak_reserved_gb", bytes_to_gib(allocator_peak_reserved_bytes)},
+              {"initial_non_allocator_gb", bytes_to_gib(initial_non_allocator_bytes)},
+              {"peak_gb", bytes_to_gib(peak_bytes)},
               {"samples", samples}};
 }
 
@@ -231,7 +227,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   p.device = normalized.value_or(config.execution_device);
   p.sdnq = config.execution_mode == ExecutionMode::kSdnqRuntime;
   p.headroom_gb = headroom;
-  p.total_vram_gb = to_gib(device.total_vram_bytes);
+  p.total_vram_gb = bytes_to_gib(device.total_vram_bytes);
   p.max_resident_budget_gb = config.max_resident_module_budget_gb;
 
   ProfileReport& report = p.report;
@@ -347,7 +343,7 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
   }
 
   const Measurement m = measure_peak(result.inputs);
-  const double peak_gb = to_gib(m.peak_bytes);
+  const double peak_gb = bytes_to_gib(m.peak_bytes);
   const double total_gb = prepared.total_vram_gb;
   const double headroom_gb = prepared.headroom_gb;
   ProfileRecommendation rec;

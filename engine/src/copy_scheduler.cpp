@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "ddo/core/units.h"
+
 namespace ddo::engine {
 
 // Note [Staging ring]
@@ -70,9 +72,7 @@ constexpr std::int64_t kStaleGrace = 2;
 constexpr int kMissCyclesBeforeRelearn = 3;
 constexpr std::int64_t kStaleSeq = std::numeric_limits<std::int64_t>::min() / 2;
 
-std::size_t align_up(std::size_t value, std::size_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
+using core::align_up;  // the one definition (ddo/core/units.h)
 
 struct Unit {
   const char* host = nullptr;

@@ -10,6 +10,8 @@
 
 #include <sys/mman.h>
 
+#include "ddo/core/units.h"
+
 namespace ddo::engine {
 
 // Note [Exact-size slabs]
@@ -48,9 +50,7 @@ constexpr std::size_t kTensorAlignment = 256;
 constexpr std::size_t kPageBytes = 4096;
 constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
-std::size_t align_up(std::size_t value, std::size_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
+using core::align_up;  // the one definition (ddo/core/units.h)
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

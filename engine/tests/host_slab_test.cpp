@@ -8,13 +8,15 @@
 #include <random>
 #include <vector>
 
+#include "ddo/core/units.h"
+
 namespace ddo::engine {
 namespace {
 
 constexpr std::size_t kAlign = 256;
 
 std::size_t align_up(std::size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
+  return core::align_up(v, kAlign);
 }
 
 std::unique_ptr<Device> sim(std::int64_t pinnable = -1) {
