@@ -18,7 +18,8 @@ sdnq = pytest.importorskip(
     "is the oracle of these tests"
 )
 
-import ddo  # noqa: E402,F401  (loads libddo_sdnq: the torch.ops.ddo.sdnq_* ops)
+import ddo  # noqa: E402  (loads libddo_sdnq: the torch.ops.ddo.sdnq_* ops)
+from ddo import _C  # noqa: E402
 from ddo import sdnq as ddo_sdnq  # noqa: E402
 
 SEED = 7
@@ -237,12 +238,45 @@ def test_quantize_linear_gives_a_layer_ddo_recognises():
 
 
 def test_quantize_refuses_what_the_layout_cannot_hold():
+    # ddo::Error(kInvalidArgument) reaches Python as ValueError, through the dispatcher too.
     w = torch.randn(64, 128)
-    with pytest.raises(RuntimeError, match="int3"):
+    with pytest.raises(ValueError, match='"int3" is not supported'):
         torch.ops.ddo.sdnq_quantize(w, "int3")
-    with pytest.raises(RuntimeError, match="needs type int8"):
+    with pytest.raises(ValueError, match="needs type int8"):
         torch.ops.ddo.sdnq_quantize(w, "uint4", transposed=True)
-    with pytest.raises(RuntimeError, match="drop transposed or use_svd"):
+    with pytest.raises(ValueError, match="drop transposed or use_svd"):
         torch.ops.ddo.sdnq_quantize(w, "int8", use_svd=True, transposed=True)
-    with pytest.raises(RuntimeError, match="odd number of elements"):
+    with pytest.raises(ValueError, match="odd number of elements"):
         torch.ops.ddo.sdnq_quantize(torch.randn(3, 5), "uint4")
+
+
+@torch.no_grad()
+def test_ddo_quantized_model_streams_under_enable_offload():
+    # A model whose Linears ddo quantized (no sdnq layer in it) takes the SDNQ runtime: one
+    # unit per layer, the output of the unmanaged model bit for bit.
+    torch.manual_seed(3)
+    dense = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)).to(torch.bfloat16)
+    model = nn.Sequential(
+        ddo_sdnq.quantize_linear(dense[0], "uint4"), dense[1],
+        ddo_sdnq.quantize_linear(dense[2], "int8", group_size=0),
+    ).eval()
+    x = torch.randn(2, 8, 128).to(torch.bfloat16)
+    ref = model(x)
+    offload = ddo.enable_offload(
+        model, preset="one_shot_fast", execution_device="sim", auto_budget_policy="off",
+        resident_module_budget_gb=0.0, small_tensor_threshold_bytes=1024,
+        always_resident_modules_pattern=[],
+    )
+    report = offload.report()
+    assert report["execution_mode"] == "sdnq_runtime"
+    plan = next(e for e in report["python"]["setup_events"] if e["name"] == "plan")
+    assert plan["payload"]["stream_units"] == 2  # one per quantized layer
+    # The packed weights, scales and zero points stream; the biases are small, moved once.
+    packed = sum(t.numel() * t.element_size() for n, t in model.named_parameters()
+                 if not n.endswith("bias"))
+    assert report["plan"]["streamed_bytes"] == packed
+    assert _C.is_managed(model[0].weight) and _C.is_managed(model[0].zero_point)
+    assert torch.equal(model(x), ref)
+    assert offload.report()["run"]["acquires"] == 2
+    offload.remove()
+    assert torch.equal(model(x), ref)
