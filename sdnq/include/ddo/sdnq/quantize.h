@@ -7,9 +7,12 @@
 // defaults, observed (Note [The package's group sizes] in sdnq/src/quantize.cpp):
 //
 //   type               default group (in_features 3072 / 12288)   with use_svd
-//   int8, uint8, fp8   1024 (per row when in < 2048)              2048
+//   int8, uint8, fp8   1024 (per row below 2048 inputs, at 2560)  2048
 //   int4, uint4        64                                         128
 //   int8 transposed    per row
+//
+// The package also leaves small layers dense (under 16384 weights or 32 channels: its
+// minimum_allowed_numel and minimum_allowed_channel_size); ddo quantizes what it is given.
 //
 //   ddo::sdnq::QuantizeOptions opt;
 //   opt.type = ddo::sdnq::QuantType::kUint4;      // group_size -1: the package's default, 64
