@@ -16,7 +16,7 @@ TORCH_HOOK="-DCMAKE_PROJECT_INCLUDE_BEFORE=$DDO_ROOT/python/cmake/torch_prefix.c
 
 if [ "${DDO_PY_INSTALL:-0}" = 1 ]; then
   stamp="$DDO_VENV/.ddo-python-install"
-  want=$(cd "$DDO_ROOT" && find pyproject.toml CMakeLists.txt core engine sdnq torch tools python \
+  want=$(cd "$DDO_ROOT" && find pyproject.toml CMakeLists.txt cmake core engine sdnq torch tools python \
            -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name '*.txt' \
                       -o -name '*.cmake' -o -name '*.toml' \) -not -path 'python/tests/*' \
            -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)

@@ -301,6 +301,24 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
                         gb(probe), p.max_resident_budget_gb));
         probe = p.max_resident_budget_gb;
       }
+      // Note [Probe within the card]
+      // The seed saves the probe at the ceiling. On a real card a resident budget above the
+      // room the zero-resident calibration left free (total - its measured peak) cannot be
+      // placed at all: ddo's peak is the driver's view with no slack to hide in, so the probing
+      // run would fail in setup instead of measuring. The run therefore applies the probe up to
+      // that room, spending the measured headroom and no more; the saved result (applied probe
+      // minus overshoot) follows from what was really placed.
+      const double total_now = bytes_to_gib(device.total_vram_bytes);
+      if (rec.peak_vram_gb > 0 && total_now > 0) {
+        const double room = std::max(0.0, total_now - rec.peak_vram_gb);
+        if (probe > room) {
+          report.notes.push_back(fmt::format(
+              "pending probe of {} applied as {}: the room the calibrated peak of {} left on "
+              "this {} card",
+              gb(probe), gb(room), gb(rec.peak_vram_gb), gb(total_now)));
+          probe = room;
+        }
+      }
       p.status = report.status = ProfileStatus::kProbing;
       p.region = RegionAction::kProbe;
       p.probe_budget_gb = probe;
