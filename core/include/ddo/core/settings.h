@@ -27,6 +27,12 @@
 //   // settings.effective_preset == "low_ram_safe"; settings.config.resident_module_budget_gb == 4
 //   // settings.policy_for("vae").route == Route::kDeviceMove
 //   // settings.policy_for("transformer").route == Route::kDynamic (the settings' own route)
+//
+// Every DDO_ number has a range (config.cpp, Note [Config field table]): a value outside it is an
+// error naming the variable and the range. What the spec accepts with a change is kept and
+// recorded in `warnings`, e.g. {{"DDO_VERBOSE", "maybe"}} gives config.verbose == false and
+// warnings == {"DDO_VERBOSE=\"maybe\" is not a boolean (1/true/yes/on or 0/false/no/off); read
+// as false"}.
 #pragma once
 
 #include <cstdint>
