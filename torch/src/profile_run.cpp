@@ -4,12 +4,26 @@
 #include <cstdio>
 #include <exception>
 
+#include <fmt/format.h>
+
 #include "ddo/core/calibration.h"
 #include "ddo/torch/enable_offload.h"
 #include "offload_state.h"
 
 namespace ddo::adapter {
 namespace internal {
+
+// Note [remove() inside a measured region]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A calibration or probe region that sees remove() measured part of a run on the offloaded model
+// and part on an ordinary one (or none): saving it replaced a good recommendation with a
+// number of no meaning (issue 18). Two answers were possible: refuse remove() while a region is
+// open, or let it happen and fail the region. The region fails, with nothing saved: remove() is
+// also what Offload's destructor and error paths call (they must restore the model and cannot
+// throw), and a host that removes the model mid-region, e.g. while handling its own error,
+// needs the model restored more than it needs the measurement. A region that ends normally
+// after remove() throws kFailedPrecondition saying so; an aborted one is already not saved.
+// Regions that do not measure (kNone) have nothing to protect and end as before.
 
 std::unique_ptr<RegionState> open_region(OffloadState& offload) {
   DDO_CHECK(!offload.region_open, Code::kFailedPrecondition,
@@ -43,7 +57,9 @@ nlohmann::json close_region(RegionState& region, bool normally) {
   OffloadState& offload = *region.offload;
   offload.region_open = false;
   core::RegionResult result;
-  result.exited_normally = normally;
+  // See Note [remove() inside a measured region].
+  const bool removed_inside = region.measuring && !offload.active;
+  result.exited_normally = normally && !removed_inside;
   if (region.measuring) {
     if (offload.runtime) offload.runtime->release_held();
     const MeasurementResult m = offload.probe->stop_sampling();
@@ -54,12 +70,20 @@ nlohmann::json close_region(RegionState& region, bool normally) {
     in.allocator_reserved_start_bytes = m.start.allocator_reserved_bytes;
     in.allocator_peak_reserved_bytes = m.allocator_peak_reserved_bytes;
     // stop_sampling synchronized the device, so the last step's events are complete.
-    if (normally && offload.prepared.region == core::RegionAction::kCalibrate) {
+    if (result.exited_normally && offload.prepared.region == core::RegionAction::kCalibrate) {
       result.candidate_compute_ms = measured_candidate_compute(offload);
     }
   }
   core::ProfileReport report;
   Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);
+  if (saved.ok() && removed_inside) {
+    saved = Status(Code::kFailedPrecondition,
+                   fmt::format("the offload was removed (remove()) inside the profile_run() region "
+                               "of profile '{}', so the region did not measure the offloaded "
+                               "model; nothing was saved and the stored profile is unchanged. "
+                               "Call remove() after the region ends",
+                               offload.prepared.report.name));
+  }
   if (!saved.ok()) {
     report.status = core::ProfileStatus::kFailed;
     report.error = saved.message();
