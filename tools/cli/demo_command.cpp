@@ -4,19 +4,25 @@
 //   ddo demo --profile demo-dit                 # reuse:     "profile applied: ..."
 //
 // On a machine with CUDA it runs on cuda:0, otherwise on the host simulation ("sim"), whose
-// card is sized below the model so that streaming and residency both show.
+// card is sized below the model so that streaming and residency both show. The preset is
+// --preset, else DDO_PRESET, else auto, like every other ddo entry point (settings.h).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/nn/module.h>
 
 #include "commands.h"
 #include "ddo/core/config.h"
+#include "ddo/core/settings.h"
 #include "ddo/core/status.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
@@ -28,6 +34,7 @@ namespace {
 struct DemoArgs {
   std::string profile;
   bool calibrate = false;
+  std::string preset;  // "" = DDO_PRESET, else auto
   std::string device;
   std::string size = "small";
   int steps = 4;
@@ -38,16 +45,45 @@ double gib(double bytes) {
   return bytes / core::kGiB;
 }
 
+// The largest device index the demo accepts; far above any machine, small enough for an int.
+constexpr int kMaxDeviceIndex = 1023;
+
+// Checks --device: "sim", "sim:N", "cuda" or "cuda:N" with N an index, and for CUDA that a GPU
+// with that index is there. Throws ddo::Error naming the text and what to write instead.
+void check_device(const std::string& device) {
+  std::string_view kind = device;
+  std::string_view index;
+  if (const std::size_t colon = device.find(':'); colon != std::string::npos) {
+    kind = std::string_view(device).substr(0, colon);
+    index = std::string_view(device).substr(colon + 1);
+  }
+  DDO_CHECK(kind == "sim" || kind == "cuda", Code::kInvalidArgument, "--device '", device,
+            "' is not a device the demo runs on; use sim (the host simulation) or cuda:N (a GPU)");
+  int n = 0;
+  if (device.find(':') != std::string::npos) {
+    auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), n);
+    DDO_CHECK(!index.empty() && ec == std::errc() && end == index.data() + index.size() && n >= 0 &&
+                  n <= kMaxDeviceIndex,
+              Code::kInvalidArgument, "--device '", device, "': the index '", index,
+              "' is not a number from 0 to ", kMaxDeviceIndex, "; write e.g. ", kind, ":0");
+  }
+  if (kind == "cuda") {
+    DDO_CHECK(engine::cuda_available(), Code::kUnavailable, "--device '", device,
+              "': no CUDA GPU is usable here (none found, or this ddo was built without CUDA); "
+              "use --device sim to run the demo on the host simulation");
+    const auto gpus = static_cast<int>(torch::cuda::device_count());
+    DDO_CHECK(n < gpus, Code::kInvalidArgument, "--device '", device, "': this machine has ", gpus,
+              " CUDA GPU(s), cuda:0 to cuda:", gpus - 1, "; or use --device sim");
+  }
+}
+
 int run_demo(const DemoArgs& args) {
   using adapter::testing::FluxDiT;
   using adapter::testing::FluxDiTOptions;
   std::string device = args.device;
   if (device.empty()) device = engine::cuda_available() ? "cuda:0" : "sim";
+  check_device(device);
   const bool sim = device.rfind("sim", 0) == 0;
-  if (!sim && device.rfind("cuda", 0) != 0) {
-    throw Error(Code::kInvalidArgument,
-                fmt::format("--device {} is not supported by the demo; use sim or cuda:N", device));
-  }
   FluxDiTOptions opts = FluxDiTOptions::preset(args.size);
   const double model_bytes =
       static_cast<double>(adapter::testing::FluxDiTImpl::parameter_bytes(opts));
@@ -63,6 +99,11 @@ int run_demo(const DemoArgs& args) {
   adapter::testing::FluxDiTInputs in = adapter::testing::make_inputs(opts, input_device);
 
   adapter::OffloadOptions o;
+  // The regular settings loader: --preset when given, else DDO_PRESET, else auto. (Leaving
+  // o.preset at its "auto" default would ignore DDO_PRESET, as the demo did.)
+  core::SettingsRequest request;
+  if (!args.preset.empty()) request.preset = args.preset;
+  o.settings = core::DynamicOffloadSettings::from_env(request, core::process_env());
   o.profile_name = args.profile;
   o.build_profile = args.calibrate;
   o.execution_device = device;
@@ -83,7 +124,11 @@ int run_demo(const DemoArgs& args) {
     events.emplace_back(name, seconds);
   };
   std::unique_ptr<adapter::Offload> offload = adapter::enable_offload(*model, o);
-  if (!args.json) std::printf("\n%s\n", offload->plan().summary().c_str());
+  if (!args.json) {
+    std::printf("preset: %s (requested: %s)\n", offload->settings().effective_preset.c_str(),
+                offload->settings().requested_preset.c_str());
+    std::printf("\n%s\n", offload->plan().summary().c_str());
+  }
 
   std::vector<double> step_seconds;
   nlohmann::json profile = offload->profile_run([&] {
@@ -159,13 +204,25 @@ void add_demo_command(CLI::App& app, int& exit_code) {
       "demo", "Run the W1 DiT under a named profile: calibrate once, then reuse the profile");
   demo->add_option("--profile", args->profile, "Profile name (e.g. demo-dit)")->required();
   demo->add_flag("--calibrate", args->calibrate, "Calibration run: measure and save the profile");
+  demo->add_option("--preset", args->preset,
+                   "Preset (see `ddo presets`; default: DDO_PRESET, else auto)");
   demo->add_option("--device", args->device, "sim, sim:N or cuda:N (default: cuda:0 if present)");
   demo->add_option("--size", args->size, "Model size: tiny, small or full")
       ->check(CLI::IsMember({"tiny", "small", "full"}));
   demo->add_option("--steps", args->steps, "Forward passes inside the measured region")
       ->check(CLI::PositiveNumber);
   demo->add_flag("--json", args->json, "Print the reports as JSON");
-  demo->callback([args, &exit_code] { exit_code = run_demo(*args); });
+  demo->callback([args, &exit_code] {
+    try {
+      exit_code = run_demo(*args);
+    } catch (const c10::Error& e) {
+      // Torch's own message carries a C++ backtrace; the user needs the reason and the way out.
+      const bool gpu = args->device.empty() || args->device.rfind("cuda", 0) == 0;
+      throw Error(Code::kUnavailable,
+                  fmt::format("{}{}", e.what_without_backtrace(),
+                              gpu ? "; to run without a GPU, use --device sim" : ""));
+    }
+  });
 }
 
 }  // namespace ddo::cli
