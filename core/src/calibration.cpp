@@ -305,12 +305,15 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
       // The seed saves the probe at the ceiling. On a real card a resident budget above the
       // room the zero-resident calibration left free (total - its measured peak) cannot be
       // placed at all: ddo's peak is the driver's view with no slack to hide in, so the probing
-      // run would fail in setup instead of measuring. The run therefore applies the probe up to
-      // that room, spending the measured headroom and no more; the saved result (applied probe
-      // minus overshoot) follows from what was really placed.
+      // run would fail in setup instead of measuring. On the H200 (W2, FLUX int8 and uint4 at
+      // an 8 GiB cap) the 6 GiB probe failed in setup, and a probe of the whole room
+      // (total - peak) ran out of memory in the first step. The run therefore applies the probe
+      // up to the room minus half the headroom: it spends half the measured headroom and no
+      // more; the saved result (applied probe minus overshoot) follows from what was placed.
       const double total_now = bytes_to_gib(device.total_vram_bytes);
       if (rec.peak_vram_gb > 0 && total_now > 0) {
-        const double room = std::max(0.0, total_now - rec.peak_vram_gb);
+        const double room =
+            std::max(0.0, total_now - rec.peak_vram_gb - 0.5 * rec.headroom_gb);
         if (probe > room) {
           report.notes.push_back(fmt::format(
               "pending probe of {} applied as {}: the room the calibrated peak of {} left on "

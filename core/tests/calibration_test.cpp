@@ -200,30 +200,30 @@ TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplac
   }
 
   // The next normal run probes: the ceiling of 6, applied up to the room the calibrated peak
-  // left on the card, 8 - 4.5 = 3.5 (Note [Probe within the card]).
+  // left on the card less half the headroom, 8 - 4.5 - 0.5 = 3 (Note [Probe within the card]).
   ProfileStore s = store();
   PreparedProfile probing = prepare_profile(config_, kClass, s, kCard8);
   EXPECT_EQ(probing.status, ProfileStatus::kProbing);
   EXPECT_EQ(probing.region, RegionAction::kProbe);
-  EXPECT_NEAR(*probing.resident_budget_gb, 3.5, 1e-9);
+  EXPECT_NEAR(*probing.resident_budget_gb, 3.0, 1e-9);
   EXPECT_EQ(probing.report.to_json()["status"], "probing");
 
   ProfileReport probed;
   ASSERT_TRUE(finish_region(probing, region_peaking_at(7.4), s, &probed).ok());
   EXPECT_EQ(probed.status, ProfileStatus::kSaved);
   EXPECT_EQ(probed.profile_measurement_kind, "sdnq_probe");
-  EXPECT_NEAR(*probed.resident_budget_gb, 3.1, 1e-9);  // 3.5 - (7.4 - 7)
+  EXPECT_NEAR(*probed.resident_budget_gb, 2.6, 1e-9);  // 3 - (7.4 - 7)
 
   PreparedProfile after = prepare_profile(config_, kClass, s, kCard8);
   EXPECT_EQ(after.status, ProfileStatus::kApplied);
   EXPECT_EQ(after.region, RegionAction::kNone);
-  EXPECT_NEAR(*after.resident_budget_gb, 3.1, 1e-9);
+  EXPECT_NEAR(*after.resident_budget_gb, 2.6, 1e-9);
   std::optional<ProfileRecord> record = s.load({"my-workload", std::string(kClass)});
   ASSERT_TRUE(record.has_value());
   EXPECT_EQ(record->observations.size(), 2u);
   EXPECT_FALSE(record->recommendation->probe_pending);
-  // The probe at 3.5 GiB overshot total - headroom: recorded as a capacity failure.
-  EXPECT_EQ(record->capacity.at("resident_budget_gb").min_failure, 3.5);
+  // The probe at 3 GiB overshot total - headroom: recorded as a capacity failure.
+  EXPECT_EQ(record->capacity.at("resident_budget_gb").min_failure, 3.0);
 }
 
 TEST_F(CalibrationTest, SdnqBaselineWithLittleRoomIsSafe) {
