@@ -88,25 +88,7 @@ def model_bytes(model) -> int:
 
 def run_steps_out(model, inputs: dict, steps: int, cuda: bool, between=None):
     """w1_py.run_steps, also returning the last step's output (on the device it was made)."""
-    import torch
-
-    def one():
-        sync(cuda)
-        t0 = time.perf_counter()
-        out = model(**inputs, return_dict=False)[0]
-        sync(cuda)
-        return time.perf_counter() - t0, out
-
-    with torch.no_grad():
-        first, out = one()
-        if between is not None:
-            between()
-        times = []
-        for _ in range(steps):
-            dt, out = one()
-            times.append(dt)
-        finite = bool(torch.isfinite(out).all().item())
-    return first, times, finite, out
+    return w1_py.run_steps(model, inputs, steps, cuda, between=between, return_out=True)
 
 
 def max_abs_diff(out, ref) -> float | None:

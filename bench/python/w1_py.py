@@ -307,9 +307,10 @@ def measure_b_pinned(cuda: bool) -> dict:
     return out
 
 
-def run_steps(model, inputs: dict, steps: int, cuda: bool, between=None):
+def run_steps(model, inputs: dict, steps: int, cuda: bool, between=None, return_out=False):
     """One warm-up step (timed: "first step"), then ``steps`` timed steps. ``between`` runs after
-    the warm-up (e.g. to snapshot counters). Returns (first, [steps], finite)."""
+    the warm-up (e.g. to snapshot counters). Returns (first, [steps], finite), plus the last
+    step's output with ``return_out``."""
     import torch
 
     def one():
@@ -328,7 +329,7 @@ def run_steps(model, inputs: dict, steps: int, cuda: bool, between=None):
             dt, out = one()
             times.append(dt)
         finite = bool(torch.isfinite(out).all().item())
-    return first, times, finite
+    return (first, times, finite, out) if return_out else (first, times, finite)
 
 
 def fill_step_figures(row: dict, first: float, times: list, finite: bool) -> None:
