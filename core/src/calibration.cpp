@@ -312,8 +312,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
       // more; the saved result (applied probe minus overshoot) follows from what was placed.
       const double total_now = bytes_to_gib(device.total_vram_bytes);
       if (rec.peak_vram_gb > 0 && total_now > 0) {
-        const double room =
-            std::max(0.0, total_now - rec.peak_vram_gb - 0.5 * rec.headroom_gb);
+        const double room = std::max(0.0, total_now - rec.peak_vram_gb - 0.5 * rec.headroom_gb);
         if (probe > room) {
           report.notes.push_back(fmt::format(
               "pending probe of {} applied as {}: the room the calibrated peak of {} left on "

@@ -141,7 +141,8 @@ TEST_F(HostileFilesTest, ProfileNested200000DeepIsListedAsInvalidAndNeverCrashes
       << rows[0].problem;
   EXPECT_EQ(rows[0].path, s.path_for(id_));
   EXPECT_FALSE(s.load(id_).has_value());
-  EXPECT_TRUE(warned("levels deep, more than the 64 levels")) << ::testing::PrintToString(warnings_);
+  EXPECT_TRUE(warned("levels deep, more than the 64 levels"))
+      << ::testing::PrintToString(warnings_);
   // Objects nest the same way.
   std::string objects;
   for (int i = 0; i < 100000; ++i) objects += R"({"a":)";
@@ -410,7 +411,8 @@ TEST_F(HostileContextTest, DamagedContextFilesAreIgnoredNamingTheFieldAndNeverCr
   text.replace(text.find("\"@RAW@\""), 7, nested_arrays(200000));
   write_all(path, text);
   EXPECT_FALSE(store.load(context_).has_value());
-  EXPECT_TRUE(warned("levels deep, more than the 64 levels")) << ::testing::PrintToString(warnings_);
+  EXPECT_TRUE(warned("levels deep, more than the 64 levels"))
+      << ::testing::PrintToString(warnings_);
 
   damaged = saved;
   damaged["schema_version"] = 4294967297ULL;

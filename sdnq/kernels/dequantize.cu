@@ -71,8 +71,8 @@ __global__ void dequantize_scalar(DequantizeParams p) {
   const auto* w = static_cast<const std::uint8_t*>(p.weight);
   const std::int64_t total = p.rows * p.cols;
   const std::int64_t groups = p.group_size > 0 ? p.cols / p.group_size : 1;
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       e < total; e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t o = e / p.cols;
     const std::int64_t i = e - o * p.cols;
     const std::int64_t src = p.transposed ? i * p.rows + o : e;
@@ -89,8 +89,8 @@ __global__ void dequantize_vec8(DequantizeParams p) {
   const auto* w = static_cast<const std::uint8_t*>(p.weight);
   const std::int64_t runs = p.rows * p.cols / kVec;
   const std::int64_t groups = p.group_size > 0 ? p.cols / p.group_size : 1;
-  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       r < runs; r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < runs;
+       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t e = r * kVec;
     const std::int64_t o = e / p.cols;
     const std::int64_t i = e - o * p.cols;
