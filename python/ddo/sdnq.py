@@ -26,7 +26,6 @@ bit for bit (ddo::sdnq_quantize, sdnq/src/quantize.cpp). ddo recognises it by it
 
 from __future__ import annotations
 
-import types
 from typing import Optional, Union
 
 import torch
@@ -34,11 +33,6 @@ from torch import nn
 
 __all__ = ["is_sdnq_layer", "sdnq_layout", "dequantize", "quantize_linear", "QuantizedLinear"]
 
-_LAYOUT_VERSION = 1
-# ddo::sdnq::QuantType (sdnq/include/ddo/sdnq/layout.h).
-_TYPES = {"int8": 0, "uint8": 1, "int4": 2, "uint4": 3, "float8_e4m3fn": 4, "float8_e5m2": 5}
-# c10::ScalarType values of the result dtypes ddo's kernel writes.
-_RESULT_DTYPES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
 # Tensors of the format that ddo's dequantize does not read: a layer using one keeps its forward.
 _UNSUPPORTED_TENSORS = ("scale_2", "scale_zero_point", "zero_point_scale", "zero_point_2")
 
@@ -66,8 +60,6 @@ def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
     if not isinstance(module, nn.Linear):
         return f"sdnq_{type(module).__name__}: only quantized Linear layers are streamed"
     wd = getattr(d, "weights_dtype", None)
-    if wd not in _TYPES:
-        return f"sdnq_weights_dtype_{wd}: ddo runs int8, uint8, int4, uint4 and float8 weights"
     for flag in ("use_hadamard", "use_codebook", "use_codebook_scale"):
         if getattr(d, flag, False):
             return f"sdnq_{flag}: not supported by ddo's dequantize"
@@ -75,8 +67,8 @@ def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
         if getattr(module, name, None) is not None:
             return f"sdnq_{name}: double-quantized scales are not supported by ddo's dequantize"
     result_dtype = getattr(d, "result_dtype", None)
-    if result_dtype not in _RESULT_DTYPES:
-        return f"sdnq_result_dtype_{result_dtype}: ddo writes bfloat16, float16 or float32"
+    if not isinstance(wd, str) or not isinstance(result_dtype, torch.dtype):
+        return f"sdnq_dequantizer: weights_dtype {wd!r} / result_dtype {result_dtype!r} unreadable"
     shape = tuple(getattr(d, "original_shape", ()) or ())
     if len(shape) != 2:
         return f"sdnq_original_shape_{shape}: a Linear weight is 2-D"
@@ -90,15 +82,14 @@ def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
     if transposed and getattr(module, "svd_up", None) is not None:
         # The int8-matmul layout stores svd_up [r, out] and svd_down [in, r] (transposed).
         return "sdnq_quantized_matmul_svd: SVD factors of the int8 matmul layout are not supported"
-    return [
-        _LAYOUT_VERSION,
-        _TYPES[wd],
-        _RESULT_DTYPES[result_dtype],
-        out_features,
-        in_features,
-        group,
-        1 if transposed else 0,
-    ]
+    try:  # the numbering and the checks are layout.cpp's (ddo::sdnq::Layout)
+        return list(
+            torch.ops.ddo.sdnq_layout_code(
+                wd, result_dtype, out_features, in_features, group, transposed
+            )
+        )
+    except ValueError as e:
+        return f"sdnq_layout: {e}"
 
 
 def install_forward(module: nn.Module, code: list[int]) -> None:
@@ -165,6 +156,7 @@ class QuantizedLinear(nn.Linear):
         tensors: dict,
         layout: list[int],
         bias: Optional[torch.Tensor] = None,
+        weights_dtype: str = "",
     ) -> None:
         # nn.Module's initialiser, not nn.Linear's: that one would allocate a dense weight.
         nn.Module.__init__(self)
@@ -175,6 +167,7 @@ class QuantizedLinear(nn.Linear):
             self.register_parameter(name, None if t is None else nn.Parameter(t, requires_grad=False))
         self.register_parameter("bias", None if bias is None else nn.Parameter(bias, requires_grad=False))
         self.ddo_sdnq_layout = [int(v) for v in layout]
+        self.weights_dtype = weights_dtype
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return torch.ops.ddo.sdnq_linear(
@@ -183,10 +176,10 @@ class QuantizedLinear(nn.Linear):
         )
 
     def extra_repr(self) -> str:
-        t = {v: k for k, v in _TYPES.items()}.get(self.ddo_sdnq_layout[1], "?")
         group = self.ddo_sdnq_layout[5]
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, {t}, "
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"{self.weights_dtype or '?'}, "
             f"group_size={group if group else 'per row'}, svd={self.svd_up is not None}"
         )
 
@@ -227,4 +220,6 @@ def quantize_linear(
     )
     tensors = dict(weight=weight, scale=scale, zero_point=zero_point, svd_up=svd_up, svd_down=svd_down)
     bias = None if linear.bias is None else linear.bias.detach().clone()
-    return QuantizedLinear(linear.in_features, linear.out_features, tensors, list(layout), bias)
+    return QuantizedLinear(
+        linear.in_features, linear.out_features, tensors, list(layout), bias, weights_dtype
+    )

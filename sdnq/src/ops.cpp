@@ -43,6 +43,22 @@ QuantizeResult quantize_kernel(const at::Tensor& weight, c10::string_view weight
           layout.encode()};
 }
 
+// The layout code for a layer described by name, checked as Layout::decode checks it: Python
+// builds its codes here, so the type and dtype numbering lives in layout.cpp only.
+std::vector<std::int64_t> layout_code_kernel(c10::string_view weights_dtype,
+                                             c10::ScalarType result_dtype, std::int64_t out,
+                                             std::int64_t in, std::int64_t group_size,
+                                             bool transposed) {
+  const Layout layout{
+      parse_quant_type(std::string_view(weights_dtype.data(), weights_dtype.size())),
+      result_dtype,
+      out,
+      in,
+      group_size,
+      transposed};
+  return Layout::decode(layout.encode()).encode();
+}
+
 }  // namespace
 
 at::Tensor linear_kernel(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& scale,
@@ -94,6 +110,10 @@ TORCH_LIBRARY(ddo, m) {
       "int svd_rank=32, bool transposed=False, int svd_steps=8, ScalarType? result_dtype=None) "
       "-> (Tensor weight, Tensor scale, Tensor? zero_point, Tensor? svd_up, Tensor? svd_down, "
       "int[] layout)");
+  m.def(
+      "sdnq_layout_code(str weights_dtype, ScalarType result_dtype, int out_features, "
+      "int in_features, int group_size, bool transposed) -> int[]",
+      TORCH_FN(layout_code_kernel));
 }
 
 // Quantizing is ATen ops on whatever device the weight is on: one kernel for every backend.
