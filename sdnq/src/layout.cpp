@@ -28,16 +28,41 @@ std::string shape_text(c10::IntArrayRef shape) {
   return out + "]";
 }
 
-void check_tensor(const at::Tensor& t, const char* name, c10::ScalarType dtype,
-                  const std::vector<std::int64_t>& shape, const Layout& layout) {
+// A shape of at most three dimensions held inline: Layout::check runs on every call of the
+// ddo::sdnq_* ops, and comparing against these allocates nothing.
+struct Dims {
+  std::array<std::int64_t, 3> d{};
+  std::size_t n = 0;
+  c10::IntArrayRef ref() const { return {d.data(), n}; }
+};
+
+Dims quantized_dims(const Layout& l) {
+  if (l.transposed) return {{l.in, l.out}, 2};
+  if (l.group_size > 0) return {{l.out, l.groups(), l.group_size}, 3};
+  return {{l.out, l.in}, 2};
+}
+
+Dims scale_dims(const Layout& l) {
+  if (l.transposed) return {{1, l.out}, 2};
+  if (l.group_size > 0) return {{l.out, l.groups(), 1}, 3};
+  return {{l.out, 1}, 2};
+}
+
+Dims stored_dims(const Layout& l) {
+  if (is_packed(l.type)) return {{l.out * l.in / 2}, 1};
+  return quantized_dims(l);
+}
+
+void check_tensor(const at::Tensor& t, const char* name, c10::ScalarType dtype, const Dims& shape,
+                  const Layout& layout) {
   DDO_CHECK(t.defined(), Code::kInvalidArgument, "SDNQ ", to_string(layout.type), " layer: '", name,
             "' is missing; a ", to_string(layout.type), " layer needs it");
   DDO_CHECK(t.scalar_type() == dtype, Code::kInvalidArgument, "SDNQ ", to_string(layout.type),
             " layer: '", name, "' is ", c10::toString(t.scalar_type()), ", expected ",
             c10::toString(dtype));
-  DDO_CHECK(t.sizes().vec() == shape, Code::kInvalidArgument, "SDNQ ", to_string(layout.type),
+  DDO_CHECK(t.sizes() == shape.ref(), Code::kInvalidArgument, "SDNQ ", to_string(layout.type),
             " layer [", layout.out, ", ", layout.in, "]: '", name, "' has shape ",
-            shape_text(t.sizes()), ", expected ", shape_text(shape));
+            shape_text(t.sizes()), ", expected ", shape_text(shape.ref()));
 }
 
 }  // namespace
@@ -73,24 +98,15 @@ c10::ScalarType storage_dtype(QuantType t) {
 }
 
 std::vector<std::int64_t> Layout::quantized_shape() const {
-  if (transposed) return {in, out};
-  if (group_size > 0) return {out, groups(), group_size};
-  return {out, in};
+  return quantized_dims(*this).ref().vec();
 }
 
 std::vector<std::int64_t> Layout::scale_shape() const {
-  if (transposed) return {1, out};
-  if (group_size > 0) return {out, groups(), 1};
-  return {out, 1};
+  return scale_dims(*this).ref().vec();
 }
 
 std::vector<std::int64_t> Layout::stored_shape() const {
-  if (is_packed(type)) return {out * in / 2};
-  return quantized_shape();
-}
-
-std::int64_t Layout::weight_bytes() const {
-  return is_packed(type) ? out * in / 2 : out * in;
+  return stored_dims(*this).ref().vec();
 }
 
 std::vector<std::int64_t> Layout::encode() const {
@@ -135,15 +151,15 @@ Layout Layout::decode(c10::IntArrayRef code) {
 }
 
 void Layout::check(const QuantizedWeight& w) const {
-  check_tensor(w.weight, "weight", storage_dtype(type), stored_shape(), *this);
+  check_tensor(w.weight, "weight", storage_dtype(type), stored_dims(*this), *this);
   DDO_CHECK(w.scale.defined(), Code::kInvalidArgument, "SDNQ layer: 'scale' is missing");
   const c10::ScalarType compute = w.scale.scalar_type();
   DDO_CHECK(compute == c10::kFloat || compute == c10::kBFloat16 || compute == c10::kHalf,
             Code::kInvalidArgument, "SDNQ layer: 'scale' is ", c10::toString(compute),
             "; expected float32, bfloat16 or float16");
-  check_tensor(w.scale, "scale", compute, scale_shape(), *this);
+  check_tensor(w.scale, "scale", compute, scale_dims(*this), *this);
   if (is_unsigned(type)) {
-    check_tensor(w.zero_point, "zero_point", compute, scale_shape(), *this);
+    check_tensor(w.zero_point, "zero_point", compute, scale_dims(*this), *this);
   } else {
     DDO_CHECK(!w.zero_point.defined(), Code::kInvalidArgument, "SDNQ ", to_string(type),
               " layer has a 'zero_point', but signed types are symmetric; drop it or use the "

@@ -87,7 +87,6 @@ struct Layout {
   std::vector<std::int64_t> scale_shape() const;
   // The packed weight's shape as stored: [out*in/2] for 4-bit types, else quantized_shape().
   std::vector<std::int64_t> stored_shape() const;
-  std::int64_t weight_bytes() const;
 
   // The integer list the ddo::sdnq_* ops carry: {version, type, result dtype, out, in,
   // group_size, transposed}. decode() throws kInvalidArgument for a list it does not know.
