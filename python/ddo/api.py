@@ -112,17 +112,12 @@ class OffloadResult:
         self._events = events
         self._sdnq_modules: list[nn.Module] = []
 
-    def _install_sdnq_forwards(self) -> None:
+    def _install_sdnq_forwards(self, layers: list[tuple]) -> None:
         # While the offload executes, SDNQ layers run ddo::sdnq_linear (their packed tensors may
         # be streamed); in plan mode nothing moved and they keep their own forward.
-        if not self._native.report().get("executing", False):
+        if not layers or not self._native.report().get("executing", False):
             return
-        for module in self.module.modules():
-            if not _sdnq.is_sdnq_layer(module):
-                continue
-            code = _sdnq.sdnq_layout(module)
-            if isinstance(code, str):
-                continue
+        for module, code in layers:
             _sdnq.install_forward(module, code)
             self._sdnq_modules.append(module)
 
@@ -197,9 +192,7 @@ class OffloadResult:
 
 
 def _kind(module: nn.Module) -> str:
-    # Before the Linear rule: sdnq's SDNQLinear subclasses nn.Linear, but its weight is packed.
-    if _sdnq.is_sdnq_layer(module):
-        return "sdnq" if not isinstance(_sdnq.sdnq_layout(module), str) else "other"
+    # SDNQ layers are classified by _gather first (their layout decides sdnq or other).
     if isinstance(module, nn.Linear):
         return "linear"
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -219,10 +212,12 @@ def _anchored(name: str) -> str:
     return "^" + "".join("\\" + c if c in _REGEX_SPECIALS else c for c in name) + "$"
 
 
-def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]]]:
-    """The module tree for ddo_torch, and the modules kept out of its hands (with reasons)."""
+def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]], list[tuple]]:
+    """The module tree for ddo_torch, the modules kept out of its hands (with reasons), and the
+    SDNQ layers ddo runs with their layout codes."""
     entries: list[tuple] = []
     kept: list[dict[str, str]] = []
+    sdnq_layers: list[tuple] = []
     for name, module in model.named_modules():
         slots = []
         refused = []
@@ -243,18 +238,24 @@ def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]]]:
                 }
             )
         is_leaf = not any(child is not None for child in module._modules.values())
-        kind = _kind(module)
-        if kind == "other" and _sdnq.is_sdnq_layer(module) and not refused:
-            kept.append(
-                {
-                    "module": name,
-                    "reason": f"{_sdnq.sdnq_layout(module)}; moved to the device whole, its own "
-                    "forward runs",
-                    "placed": True,
-                }
-            )
+        # Before the Linear rule: sdnq's SDNQLinear subclasses nn.Linear, but its weight is packed.
+        if _sdnq.is_sdnq_layer(module):
+            code = _sdnq.sdnq_layout(module)
+            kind = "other" if isinstance(code, str) else "sdnq"
+            if kind == "sdnq":
+                sdnq_layers.append((module, code))
+            elif not refused:
+                kept.append(
+                    {
+                        "module": name,
+                        "reason": f"{code}; moved to the device whole, its own forward runs",
+                        "placed": True,
+                    }
+                )
+        else:
+            kind = _kind(module)
         entries.append((name, type(module).__qualname__, kind, is_leaf, slots))
-    return entries, kept
+    return entries, kept, sdnq_layers
 
 
 def _refuse_compiled(model: nn.Module) -> None:
@@ -328,7 +329,7 @@ def _enable(
     _refuse_compiled(model)
 
     model_class = model_class_name(model)
-    entries, kept = _gather(model)
+    entries, kept, sdnq_layers = _gather(model)
     overrides = dict(overrides)
     skipped = [k for k in kept if not k.get("placed")]
     if skipped:
@@ -360,7 +361,7 @@ def _enable(
         raise
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
-    result._install_sdnq_forwards()
+    result._install_sdnq_forwards(sdnq_layers)
     try:
         object.__setattr__(model, _ATTR, result)
     except Exception:  # a module that forbids attributes still works through the result
