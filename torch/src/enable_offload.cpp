@@ -728,15 +728,12 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
         static_cast<std::int64_t>(*s->prepared.resident_budget_gb * core::kGiB);
   }
   if (!ctx.calibrating) ctx.candidate_compute_ms = s->prepared.candidate_compute_ms;
-  s->plan = core::make_plan(s->inventory, config, ctx);
-  if (requested_mode != config.execution_mode) {
-    // The planner saw the resolved mode; the decision that resolved it goes first in the report.
-    s->plan.decisions.insert(
-        s->plan.decisions.begin(),
-        core::Decision{"sdnq_runtime_auto",
-                       {{"requested", core::to_string(requested_mode)}},
-                       "the model has SDNQ layers: their packed tensors stream with the "
-                       "sdnq_runtime rules"});
+  {
+    // The planner gets the mode the user asked for: it resolves it by the same rule and records
+    // the decision that did (sdnq_runtime_auto), so the report explains the runtime.
+    core::DynamicOffloadConfig as_requested = config;
+    as_requested.execution_mode = requested_mode;
+    s->plan = core::make_plan(s->inventory, as_requested, ctx);
   }
   s->setup.plan_seconds = internal::seconds_since(t0);
   internal::emit(*s, "plan", s->setup.plan_seconds,
