@@ -1,23 +1,26 @@
-// The named-profile lifecycle as pure logic (seed "Calibration and measurement", spec §6).
-//
-// The torch adapter owns the device; this file owns every decision: whether a run calibrates,
-// reuses a saved recommendation, applies a pending SDNQ probe or does nothing; which resident
-// budget it uses; how a region's memory readings become a peak; and what is saved. Keeping it
-// free of torch and CUDA lets the worked cases of the seed run as unit tests.
-//
-//   ddo::core::PreparedProfile prepared = ddo::core::prepare_profile(
-//       config, "my::Transformer", store, {.is_cuda_like = true, .total_vram_bytes = total});
-//   // setup: when prepared.resident_budget_gb is set, plan with that budget.
-//   {
-//     std::optional<ddo::core::CalibrationRegionLock> lock;
-//     if (prepared.region != ddo::core::RegionAction::kNone)
-//       lock = ddo::core::CalibrationRegionLock::acquire(prepared.device);  // throws if nested
-//     ...sync, reset peak counters, read start values, run the host's region, sync...
-//     ddo::core::RegionResult result{.exited_normally = !threw, .inputs = readings};
-//     ddo::core::ProfileReport report;
-//     ddo::Status saved = ddo::core::finish_region(prepared, result, store, &report);
-//   }
-//   // 8 GiB card, 1 GiB headroom, dense peak 6 GiB: report.resident_budget_gb == 1.0
+/// \file
+/// The named-profile lifecycle as pure logic (seed "Calibration and measurement", spec §6).
+///
+/// The torch adapter owns the device; this file owns every decision: whether a run calibrates,
+/// reuses a saved recommendation, applies a pending SDNQ probe or does nothing; which resident
+/// budget it uses; how a region's memory readings become a peak; and what is saved. Keeping it
+/// free of torch and CUDA lets the worked cases of the seed run as unit tests.
+///
+/// ```
+/// ddo::core::PreparedProfile prepared = ddo::core::prepare_profile(
+///     config, "my::Transformer", store, {.is_cuda_like = true, .total_vram_bytes = total});
+/// // setup: when prepared.resident_budget_gb is set, plan with that budget.
+/// {
+///   std::optional<ddo::core::CalibrationRegionLock> lock;
+///   if (prepared.region != ddo::core::RegionAction::kNone)
+///     lock = ddo::core::CalibrationRegionLock::acquire(prepared.device);  // throws if nested
+///   ...sync, reset peak counters, read start values, run the host's region, sync...
+///   ddo::core::RegionResult result{.exited_normally = !threw, .inputs = readings};
+///   ddo::core::ProfileReport report;
+///   ddo::Status saved = ddo::core::finish_region(prepared, result, store, &report);
+/// }
+/// // 8 GiB card, 1 GiB headroom, dense peak 6 GiB: report.resident_budget_gb == 1.0
+/// ```
 #pragma once
 
 #include <cstdint>
@@ -36,155 +39,167 @@
 
 namespace ddo::core {
 
-// An SDNQ baseline probes only when its safe budget is at least this, so a probe is worth a run.
+/// An SDNQ baseline probes only when its safe budget is at least this, so a probe is worth a run.
 inline constexpr double kSdnqProbeMinSafeGb = 2.0;
-// The probe ceiling when max_resident_module_budget_gb is 0 (uncapped).
+/// The probe ceiling when max_resident_module_budget_gb is 0 (uncapped).
 inline constexpr double kSdnqDefaultProbeCeilingGb = 6.0;
 
+/// Where a named profile stands in a run, as reports spell it: disabled (no name), calibrating
+/// (this run measures), missing (nothing saved for this identity), probing (an SDNQ probe run),
+/// applied (a saved recommendation is used), saved (a region saved one), failed (the region threw
+/// or saving failed).
 enum class ProfileStatus { kDisabled, kCalibrating, kMissing, kProbing, kApplied, kSaved, kFailed };
+/// "disabled", "calibrating", ...: the spelling reports use.
 const char* to_string(ProfileStatus status);
 
-// What profile_run() does around the host's region.
+/// What profile_run() does around the host's region.
 enum class RegionAction {
-  kNone,       // no-op: disabled, missing, or a saved recommendation applied during setup
-  kCalibrate,  // measure a zero-resident run and save a recommendation
-  kProbe,      // measure a run at a pending SDNQ probe budget and save the result
+  kNone,       ///< no-op: disabled, missing, or a saved recommendation applied during setup
+  kCalibrate,  ///< measure a zero-resident run and save a recommendation
+  kProbe,      ///< measure a run at a pending SDNQ probe budget and save the result
 };
 
-// Facts about the execution device, read by the adapter.
+/// Facts about the execution device, read by the adapter.
 struct DeviceFacts {
-  bool is_cuda_like = false;  // a CUDA device or the "sim" simulated device
-  std::int64_t total_vram_bytes = 0;
+  bool is_cuda_like = false;          ///< a CUDA device or the "sim" simulated device
+  std::int64_t total_vram_bytes = 0;  ///< the card, or the emulated cap; > 0 to calibrate
 };
 
-// Readings at the region boundaries. Byte counts; "driver" is what the device reports as used
-// (cudaMemGetInfo total - free), "allocator" is PyTorch's caching allocator.
+/// Readings at the region boundaries. Byte counts; "driver" is what the device reports as used
+/// (cudaMemGetInfo total - free), "allocator" is PyTorch's caching allocator.
 struct MeasurementInputs {
-  std::int64_t driver_used_start_bytes = 0;
-  std::int64_t driver_used_end_bytes = 0;
-  std::vector<std::int64_t> driver_used_samples_bytes;  // optional samples taken inside
-  std::int64_t allocator_reserved_start_bytes = 0;
-  std::int64_t allocator_peak_reserved_bytes = 0;  // after resetting peak counters at the start
+  std::int64_t driver_used_start_bytes = 0;             ///< when the region began
+  std::int64_t driver_used_end_bytes = 0;               ///< when it ended
+  std::vector<std::int64_t> driver_used_samples_bytes;  ///< optional samples taken inside
+  std::int64_t allocator_reserved_start_bytes = 0;      ///< when the region began
+  std::int64_t allocator_peak_reserved_bytes = 0;  ///< after resetting peak counters at the start
 };
 
-// The conservative peak: max(observed driver usage, allocator peak reserved + the non-allocator
-// usage seen at the start). The second term counts the allocator cache and the CUDA context
-// even when no driver sample hit the true peak.
+/// The conservative peak: max(observed driver usage, allocator peak reserved + the non-allocator
+/// usage seen at the start). The second term counts the allocator cache and the CUDA context
+/// even when no driver sample hit the true peak.
 struct Measurement {
-  std::int64_t driver_peak_bytes = 0;
-  std::int64_t allocator_peak_reserved_bytes = 0;
-  std::int64_t initial_non_allocator_bytes = 0;  // driver used - allocator reserved at start, >= 0
-  std::int64_t peak_bytes = 0;
-  int samples = 0;  // driver readings taken (start, end and inside)
+  std::int64_t driver_peak_bytes = 0;              ///< max of the driver readings
+  std::int64_t allocator_peak_reserved_bytes = 0;  ///< the allocator's peak over the region
+  /// Driver used - allocator reserved at start, >= 0.
+  std::int64_t initial_non_allocator_bytes = 0;
+  std::int64_t peak_bytes = 0;  ///< the conservative peak (see above)
+  int samples = 0;              ///< driver readings taken (start, end and inside)
 
-  nlohmann::json to_json() const;  // GiB fields plus the sample count
+  nlohmann::json to_json() const;  ///< GiB fields plus the sample count
 };
 
+/// Combines a region's readings into the conservative peak described at Measurement.
 Measurement measure_peak(const MeasurementInputs& inputs);
 
-// max(0, total - peak - headroom), in GiB.
+/// max(0, total - peak - headroom), in GiB.
 double recommend_resident_budget_gb(double total_gb, double peak_gb, double headroom_gb);
 
-// The SDNQ probe ceiling: max_resident_budget_gb when positive else 6 GiB, never above
-// total - headroom (and never below 0).
+/// The SDNQ probe ceiling: max_resident_budget_gb when positive else 6 GiB, never above
+/// total - headroom (and never below 0).
 double sdnq_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb);
 
-// The recommendation after a zero-resident calibration (dense: "baseline"; SDNQ: a pending probe
-// or "sdnq_baseline_safe").
+/// The recommendation after a zero-resident calibration (dense: "baseline"; SDNQ: a pending probe
+/// or "sdnq_baseline_safe").
 ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, double peak_gb,
                                                   double headroom_gb,
                                                   double max_resident_budget_gb);
 
-// The recommendation after a probe run: probe - max(0, peak - (total - headroom)), >= 0.
+/// The recommendation after a probe run: probe - max(0, peak - (total - headroom)), >= 0.
 ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, double peak_gb,
                                             double headroom_gb);
 
-// JSON-safe information for the host's metrics (spec §6).
+/// JSON-safe information for the host's metrics (spec §6).
 struct ProfileReport {
-  std::string name;
-  ProfileStatus status = ProfileStatus::kDisabled;
-  std::optional<double> resident_budget_gb;
-  std::optional<std::string> budget_source;     // "calibration", "profile", "probe", "manual"
-  std::optional<double> recommended_budget_gb;  // the saved value when another one is used
-  std::optional<std::string> path;
-  std::optional<double> peak_vram_gb;
-  std::optional<double> total_vram_gb;
-  std::optional<double> headroom_gb;
-  std::optional<std::string> profile_measurement_kind;
-  std::optional<Measurement> measurement;
-  std::vector<std::string> notes;  // why: manual override, cap, pending probe, failure
-  std::optional<std::string> error;
+  std::string name;                                 ///< the profile name
+  ProfileStatus status = ProfileStatus::kDisabled;  ///< where the profile stands
+  std::optional<double>
+      resident_budget_gb;  ///< the budget this run uses, when the profile decided it
+  std::optional<std::string> budget_source;     ///< "calibration", "profile", "probe", "manual"
+  std::optional<double> recommended_budget_gb;  ///< the saved value when another one is used
+  std::optional<std::string> path;              ///< the profile's file
+  std::optional<double> peak_vram_gb;           ///< measured in the region
+  std::optional<double> total_vram_gb;          ///< the card or cap the recommendation is for
+  std::optional<double> headroom_gb;            ///< profile_vram_headroom_gb used
+  std::optional<std::string> profile_measurement_kind;  ///< what the saved recommendation came
+                                                        ///< from, e.g. "baseline" or "sdnq_probe"
+  std::optional<Measurement> measurement;               ///< the region's figures, when it measured
+  std::vector<std::string> notes;    ///< why: manual override, cap, pending probe, failure
+  std::optional<std::string> error;  ///< why saving failed
 
-  nlohmann::json to_json() const;
+  nlohmann::json to_json() const;  ///< the report as hosts receive it; absent fields are left out
 };
 
-// The decision for one enable_offload call.
+/// The decision for one enable_offload call.
 struct PreparedProfile {
-  ProfileStatus status = ProfileStatus::kDisabled;
-  RegionAction region = RegionAction::kNone;
-  // The resident budget the run must use when the profile decides it (calibration 0, a reused
-  // or probed recommendation, or the manual budget that won over one); nullopt: not decided here.
+  ProfileStatus status = ProfileStatus::kDisabled;  ///< the lifecycle state
+  RegionAction region = RegionAction::kNone;        ///< what profile_run() will do
+  /// The resident budget the run must use when the profile decides it (calibration 0, a reused
+  /// or probed recommendation, or the manual budget that won over one); nullopt: not decided here.
   std::optional<double> resident_budget_gb;
-  ProfileIdentity identity;
-  std::filesystem::path record_path;
-  std::string device;  // normalized execution device ("cuda:0", "sim:0"); key of region locks
-  bool sdnq = false;
-  double headroom_gb = 0.0;
-  double total_vram_gb = 0.0;
-  double max_resident_budget_gb = 0.0;
-  std::optional<double> probe_budget_gb;  // kProbe only
-  std::optional<double> safe_budget_gb;   // kProbe only: the baseline's safe budget, kept
-  // The saved profile's measured compute per candidate, when its recommendation is applied
-  // (PlanContext::candidate_compute_ms).
+  ProfileIdentity identity;           ///< name, model class and identity version
+  std::filesystem::path record_path;  ///< where the profile is stored
+  std::string device;  ///< normalized execution device ("cuda:0", "sim:0"); key of region locks
+  bool sdnq = false;   ///< the model runs SDNQ layers (calibration then plans a probe)
+  double headroom_gb = 0.0;               ///< profile_vram_headroom_gb
+  double total_vram_gb = 0.0;             ///< the device's total (or cap)
+  double max_resident_budget_gb = 0.0;    ///< max_resident_module_budget_gb; 0 = uncapped
+  std::optional<double> probe_budget_gb;  ///< kProbe only
+  std::optional<double> safe_budget_gb;   ///< kProbe only: the baseline's safe budget, kept
+  /// The saved profile's measured compute per candidate, when its recommendation is applied
+  /// (PlanContext::candidate_compute_ms).
   std::map<std::string, double> candidate_compute_ms;
-  ProfileReport report;
+  ProfileReport report;  ///< the report as prepared; finish_region() completes it
 };
 
-// Checks the config and decides the lifecycle. Throws ddo::Error: kInvalidArgument for a bad
-// name, class or headroom; kFailedPrecondition when calibration is asked on a non-CUDA device, in
-// plan mode, or through a route other than dynamic. Never throws for stored file content.
+/// Checks the config and decides the lifecycle. Throws ddo::Error: kInvalidArgument for a bad
+/// name, class or headroom; kFailedPrecondition when calibration is asked on a non-CUDA device, in
+/// plan mode, or through a route other than dynamic. Never throws for stored file content.
 PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_view model_class,
                                 const ProfileStore& store, const DeviceFacts& device);
 
-// How the host's region ended.
+/// How the host's region ended.
 struct RegionResult {
-  bool exited_normally = false;  // false: the region threw; nothing is saved
-  MeasurementInputs inputs;
-  // GPU ms per step of each residency candidate, measured by the host in a calibration region
-  // (every candidate streamed); saved with the recommendation for the next run's placement.
+  bool exited_normally = false;  ///< false: the region threw; nothing is saved
+  MeasurementInputs inputs;      ///< the readings at the region's boundaries
+  /// GPU ms per step of each residency candidate, measured by the host in a calibration region
+  /// (every candidate streamed); saved with the recommendation for the next run's placement.
   std::map<std::string, double> candidate_compute_ms;
 };
 
-// Completes the region: for kCalibrate and kProbe regions that exited normally, computes and
-// saves the recommendation. `report` is always filled (saved, failed, or the prepared report for
-// kNone). Returns the store's error when saving failed; an aborted region is not an error here
-// (the host's exception is the error) and leaves the file byte-for-byte unchanged.
+/// Completes the region: for kCalibrate and kProbe regions that exited normally, computes and
+/// saves the recommendation. `report` is always filled (saved, failed, or the prepared report for
+/// kNone). Returns the store's error when saving failed; an aborted region is not an error here
+/// (the host's exception is the error) and leaves the file byte-for-byte unchanged.
 Status finish_region(const PreparedProfile& prepared, const RegionResult& result,
                      ProfileStore& store, ProfileReport* report);
 
-// "cuda" -> "cuda:0", "sim:1" -> "sim:1"; nullopt for devices that cannot calibrate.
+/// "cuda" -> "cuda:0", "sim:1" -> "sim:1"; nullopt for devices that cannot calibrate.
 std::optional<std::string> normalize_calibration_device(std::string_view device);
 
-// Process-wide guard against nested or concurrent calibration regions on one device: the
-// device's peak counters are global, so two regions would reset and read each other's peaks.
+/// Process-wide guard against nested or concurrent calibration regions on one device: the
+/// device's peak counters are global, so two regions would reset and read each other's peaks.
 class CalibrationRegionLock {
  public:
-  // Throws ddo::Error (kFailedPrecondition) when a region on `device` is already active.
+  /// Throws ddo::Error (kFailedPrecondition) when a region on `device` is already active.
   static CalibrationRegionLock acquire(std::string_view device);
 
+  /// `other` no longer holds the lock.
   CalibrationRegionLock(CalibrationRegionLock&& other) noexcept;
+  /// Releases the held lock first.
   CalibrationRegionLock& operator=(CalibrationRegionLock&& other) noexcept;
   CalibrationRegionLock(const CalibrationRegionLock&) = delete;
   CalibrationRegionLock& operator=(const CalibrationRegionLock&) = delete;
   ~CalibrationRegionLock();
 
+  /// The device whose regions are locked; empty once moved from.
   const std::string& device() const { return device_; }
 
  private:
   explicit CalibrationRegionLock(std::string device) : device_(std::move(device)) {}
   void release();
 
-  std::string device_;  // empty once moved from
+  std::string device_;  ///< empty once moved from
 };
 
 }  // namespace ddo::core

@@ -1,19 +1,22 @@
-// ModelInventory: a plain, torch-free description of a model, the planner's only input about it.
-//
-// The adapter walks a LibTorch or Python module once at `enable_offload` and writes down every
-// module (dotted name, class, kind) with its direct parameters and buffers (shape, dtype, bytes,
-// whether a loader already pinned it, SDNQ role). The planner (planner.h) reads nothing else, so
-// plans can be built, tested and inspected without torch: tests write inventories in C++ or JSON.
-//
-//   ddo::core::ModelInventory inv;
-//   inv.model_class = "MyDiT";
-//   inv.modules.push_back({"", "MyDiT", ModuleKind::kOther, /*is_leaf=*/false, {}});
-//   inv.modules.push_back({"proj", "Linear", ModuleKind::kLinear, true,
-//                          {{"weight", {64, 64}, "bfloat16", 8192, true}}});
-//   inv.total_bytes();                 // 8192
-//   inv.find_module("proj")->kind;     // ModuleKind::kLinear
-//   ModelInventory back;
-//   ddo::throw_if_error(ModelInventory::from_json(inv.to_json(), &back));  // back == inv
+/// \file
+/// ModelInventory: a plain, torch-free description of a model, the planner's only input about it.
+///
+/// The adapter walks a LibTorch or Python module once at `enable_offload` and writes down every
+/// module (dotted name, class, kind) with its direct parameters and buffers (shape, dtype, bytes,
+/// whether a loader already pinned it, SDNQ role). The planner (planner.h) reads nothing else, so
+/// plans can be built, tested and inspected without torch: tests write inventories in C++ or JSON.
+///
+/// ```
+/// ddo::core::ModelInventory inv;
+/// inv.model_class = "MyDiT";
+/// inv.modules.push_back({"", "MyDiT", ModuleKind::kOther, /*is_leaf=*/false, {}});
+/// inv.modules.push_back({"proj", "Linear", ModuleKind::kLinear, true,
+///                        {{"weight", {64, 64}, "bfloat16", 8192, true}}});
+/// inv.total_bytes();                 // 8192
+/// inv.find_module("proj")->kind;     // ModuleKind::kLinear
+/// ModelInventory back;
+/// ddo::throw_if_error(ModelInventory::from_json(inv.to_json(), &back));  // back == inv
+/// ```
 #pragma once
 
 #include <cstddef>
@@ -29,91 +32,93 @@
 
 namespace ddo::core {
 
-// What a module computes, as far as streaming is concerned (spec §2).
+/// What a module computes, as far as streaming is concerned (spec §2).
 enum class ModuleKind {
-  kLinear,     // dense Linear: 2-D weight [out, in]
-  kEmbedding,  // Embedding: 2-D weight [num, dim]
-  kConv,       // Conv1d/2d/3d: weight of ndim >= 3
-  kSdnq,       // ddo's SDNQ-quantized Linear (spec §7)
-  kOther,      // anything else (norms, containers, activations, custom layers)
+  kLinear,     ///< dense Linear: 2-D weight [out, in]
+  kEmbedding,  ///< Embedding: 2-D weight [num, dim]
+  kConv,       ///< Conv1d/2d/3d: weight of ndim >= 3
+  kSdnq,       ///< ddo's SDNQ-quantized Linear (spec §7)
+  kOther,      ///< anything else (norms, containers, activations, custom layers)
 };
 
-// The part a tensor plays in an SDNQ layer; kNone for every tensor of other modules.
+/// The part a tensor plays in an SDNQ layer; kNone for every tensor of other modules.
 enum class SdnqRole {
   kNone,
-  kPackedWeight,  // packed integer weight [out, groups, group_size] (uint4: two per byte)
-  kScale,         // per-group scales [out, groups, 1]
-  kZeroPoint,     // per-group zero points (asymmetric unsigned types)
-  kSvdUp,         // low-rank correction, up factor
-  kSvdDown,       // low-rank correction, down factor
-  kAuxiliary,     // other backend tensors the quantized forward reads
+  kPackedWeight,  ///< packed integer weight [out, groups, group_size] (uint4: two per byte)
+  kScale,         ///< per-group scales [out, groups, 1]
+  kZeroPoint,     ///< per-group zero points (asymmetric unsigned types)
+  kSvdUp,         ///< low-rank correction, up factor
+  kSvdDown,       ///< low-rank correction, down factor
+  kAuxiliary,     ///< other backend tensors the quantized forward reads
 };
 
-const char* to_string(ModuleKind kind);
-const char* to_string(SdnqRole role);
-// Parse the names written by to_string; kInvalidArgument naming the valid ones otherwise.
+const char* to_string(ModuleKind kind);  ///< "linear", "conv", ...: the inventory JSON's spelling
+const char* to_string(SdnqRole role);    ///< the inventory JSON's spelling
+/// Parse the names written by to_string; kInvalidArgument naming the valid ones otherwise.
 Status parse_module_kind(std::string_view text, ModuleKind* out);
-Status parse_sdnq_role(std::string_view text, SdnqRole* out);
+Status parse_sdnq_role(std::string_view text, SdnqRole* out);  ///< see parse_module_kind
 
-// One direct parameter or buffer of a module.
+/// One direct parameter or buffer of a module.
 struct TensorInfo {
-  std::string name;  // local name, e.g. "weight"
-  std::vector<std::int64_t> shape;
-  std::string dtype;            // e.g. "bfloat16", "uint8"
-  std::int64_t bytes = 0;       // storage bytes of this tensor (numel * element size)
-  bool is_parameter = true;     // false: a buffer
-  bool already_pinned = false;  // pinned by someone else (e.g. the loader); ddo keeps it
-  bool on_device = false;       // already on the execution device when the inventory was taken
-  SdnqRole sdnq_role = SdnqRole::kNone;
+  std::string name;                 ///< local name, e.g. "weight"
+  std::vector<std::int64_t> shape;  ///< sizes; empty for a scalar
+  std::string dtype;                ///< e.g. "bfloat16", "uint8"
+  std::int64_t bytes = 0;           ///< storage bytes of this tensor (numel * element size)
+  bool is_parameter = true;         ///< false: a buffer
+  bool already_pinned = false;      ///< pinned by someone else (e.g. the loader); ddo keeps it
+  bool on_device = false;  ///< already on the execution device when the inventory was taken
+  SdnqRole sdnq_role = SdnqRole::kNone;  ///< its part in an SDNQ layer
 
+  /// Number of dimensions.
   std::size_t ndim() const { return shape.size(); }
-  bool operator==(const TensorInfo&) const = default;
+  bool operator==(const TensorInfo&) const = default;  ///< field by field
 };
 
-// One module; `tensors` are its direct parameters and buffers only (children list their own).
+/// One module; `tensors` are its direct parameters and buffers only (children list their own).
 struct ModuleInfo {
-  std::string name;  // dotted name; "" is the root
-  std::string class_name;
-  ModuleKind kind = ModuleKind::kOther;
-  bool is_leaf = true;
-  std::vector<TensorInfo> tensors;
+  std::string name;                      ///< dotted name; "" is the root
+  std::string class_name;                ///< e.g. "torch::nn::LinearImpl"; for reports and patterns
+  ModuleKind kind = ModuleKind::kOther;  ///< decides which ops ddo intercepts for it
+  bool is_leaf = true;                   ///< no child modules
+  std::vector<TensorInfo> tensors;       ///< direct parameters and buffers
 
-  // Sum of the direct tensors' bytes.
+  /// Sum of the direct tensors' bytes.
   std::int64_t bytes() const;
-  bool operator==(const ModuleInfo&) const = default;
+  bool operator==(const ModuleInfo&) const = default;  ///< field by field
 };
 
-// The whole model, modules in model order (a parent before its children, as named_modules()
-// yields them). Names are unique.
+/// The whole model, modules in model order (a parent before its children, as named_modules()
+/// yields them). Names are unique.
 struct ModelInventory {
-  std::string model_class;  // fully qualified class name (C++) or qualified name (Python)
-  std::vector<ModuleInfo> modules;
+  std::string model_class;          ///< fully qualified class name (C++) or qualified name (Python)
+  std::vector<ModuleInfo> modules;  ///< model order
 
-  std::int64_t total_bytes() const;
-  // Any module of kind kSdnq.
+  std::int64_t total_bytes() const;  ///< sum over every module's direct tensors
+  /// Any module of kind kSdnq.
   bool has_sdnq_layers() const;
-  // Linear scan; the planner builds its own index once.
+  /// Linear scan; the planner builds its own index once.
   const ModuleInfo* find_module(std::string_view name) const;
+  /// The same as an index into `modules`.
   std::optional<std::size_t> module_index(std::string_view name) const;
 
-  // Names unique, bytes non-negative, shapes non-negative; kInvalidArgument naming the offender.
+  /// Names unique, bytes non-negative, shapes non-negative; kInvalidArgument naming the offender.
   Status validate() const;
 
-  // JSON shape: {"model_class": str, "modules": [{"name", "class_name", "kind", "is_leaf",
-  // "tensors": [{"name", "shape", "dtype", "bytes", "is_parameter", "already_pinned",
-  // "on_device", "sdnq_role"}]}]}. Optional tensor flags default as in TensorInfo.
+  /// JSON shape: {"model_class": str, "modules": [{"name", "class_name", "kind", "is_leaf",
+  /// "tensors": [{"name", "shape", "dtype", "bytes", "is_parameter", "already_pinned",
+  /// "on_device", "sdnq_role"}]}]}. Optional tensor flags default as in TensorInfo.
   nlohmann::json to_json() const;
-  // Parses and validates; `out` is untouched on error.
+  /// Parses and validates; `out` is untouched on error.
   static Status from_json(const nlohmann::json& json, ModelInventory* out);
 
-  bool operator==(const ModelInventory&) const = default;
+  bool operator==(const ModelInventory&) const = default;  ///< field by field
 };
 
-// The role of an SDNQ layer's direct tensor, from its name (the public format's names: weight,
-// scale, scale_2, zero_point, ..., svd_up, svd_down); kNone for bias and unknown names.
+/// The role of an SDNQ layer's direct tensor, from its name (the public format's names: weight,
+/// scale, scale_2, zero_point, ..., svd_up, svd_down); kNone for bias and unknown names.
 SdnqRole sdnq_role_for_name(std::string_view tensor_name);
 
-// True when `name` is `ancestor` or lies below it in the dotted hierarchy ("" contains all).
+/// True when `name` is `ancestor` or lies below it in the dotted hierarchy ("" contains all).
 bool is_within(std::string_view name, std::string_view ancestor);
 
 }  // namespace ddo::core

@@ -1,28 +1,31 @@
-// ProfileStore: named workload profiles on disk (spec §6, seed "Identity and storage").
-//
-// A profile is identified by {user-supplied name, model class qualified name, identity version}.
-// Its file name is "ddo-profile-" plus the first 32 hex digits of the SHA-256 of the identity's
-// canonical JSON, so names with any characters map to safe, fixed-length file names; the readable
-// name and class are stored inside. The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
-//
-// Every write is a read-modify-write under an exclusive lock on a sibling "<file>.lock", and the
-// new content replaces the old by rename, so two processes saving the same profile keep each
-// other's observations and a writer killed midway leaves the previous file intact.
-//
-//   ddo::core::ProfileStore store({.directory = ddo::core::resolve_profile_dir(env)});
-//   ddo::core::ProfileIdentity id{"video-5s", "my::Transformer"};
-//   ddo::Status s = store.save(id, observation, recommendation);   // atomic, locked
-//   std::optional<ddo::core::ProfileRecord> r = store.load(id);      // nullopt: absent or invalid
-//   // r->recommendation->resident_budget_gb == recommendation.resident_budget_gb
-//
-// This header also holds the durable-file helpers (SHA-256, atomic write, file lock, bounded JSON
-// reading, capacity limits) that the legacy host-context store (host_context.h) reuses, so there
-// is one implementation of the crash- and concurrency-safe write path and of the input bounds.
-//
-// Every file ddo reads here is untrusted input: it is at most kMaxProfileFileBytes, nested at most
-// kMaxJsonDepth deep (checked before a document is built; see Note [Bounded JSON]) and every
-// number in it is range-checked; a file that fails is reported (named, with the reason) and never
-// crashes or stalls a reader.
+/// \file
+/// ProfileStore: named workload profiles on disk (spec §6, seed "Identity and storage").
+///
+/// A profile is identified by {user-supplied name, model class qualified name, identity version}.
+/// Its file name is "ddo-profile-" plus the first 32 hex digits of the SHA-256 of the identity's
+/// canonical JSON, so names with any characters map to safe, fixed-length file names; the readable
+/// name and class are stored inside. The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
+///
+/// Every write is a read-modify-write under an exclusive lock on a sibling "<file>.lock", and the
+/// new content replaces the old by rename, so two processes saving the same profile keep each
+/// other's observations and a writer killed midway leaves the previous file intact.
+///
+/// ```
+/// ddo::core::ProfileStore store({.directory = ddo::core::resolve_profile_dir(env)});
+/// ddo::core::ProfileIdentity id{"video-5s", "my::Transformer"};
+/// ddo::Status s = store.save(id, observation, recommendation);   // atomic, locked
+/// std::optional<ddo::core::ProfileRecord> r = store.load(id);      // nullopt: absent or invalid
+/// // r->recommendation->resident_budget_gb == recommendation.resident_budget_gb
+/// ```
+///
+/// This header also holds the durable-file helpers (SHA-256, atomic write, file lock, bounded JSON
+/// reading, capacity limits) that the legacy host-context store (host_context.h) reuses, so there
+/// is one implementation of the crash- and concurrency-safe write path and of the input bounds.
+///
+/// Every file ddo reads here is untrusted input: it is at most kMaxProfileFileBytes, nested at most
+/// kMaxJsonDepth deep (checked before a document is built; see Note [Bounded JSON]) and every
+/// number in it is range-checked; a file that fails is reported (named, with the reason) and never
+/// crashes or stalls a reader.
 #pragma once
 
 #include <cstddef>
@@ -40,161 +43,175 @@
 
 namespace ddo::core {
 
+/// The "schema_version" ddo writes and reads; a file of another version is refused, not guessed at.
 inline constexpr int kProfileSchemaVersion = 1;
+/// Part of the hashed identity: a new version gives every profile a new file.
 inline constexpr int kProfileIdentityVersion = 1;
+/// Observations kept per profile, oldest dropped first.
 inline constexpr std::size_t kMaxProfileObservations = 20;
+/// File names are the prefix, the key's hex digits and ".json".
 inline constexpr std::string_view kProfileFilePrefix = "ddo-profile-";
-inline constexpr std::size_t kProfileKeyHexDigits = 32;
+inline constexpr std::size_t kProfileKeyHexDigits = 32;  ///< hex digits of SHA-256 in a key
 
-// Input bounds. A profile ddo writes is a few KB and nested 4 levels deep; the bounds leave two
-// orders of magnitude of room and stop hostile or corrupt files long before they cost memory or
-// stack (Note [Bounded JSON] in profile_store.cpp).
+/// Input bounds. A profile ddo writes is a few KB and nested 4 levels deep; the bounds leave two
+/// orders of magnitude of room and stop hostile or corrupt files long before they cost memory or
+/// stack (Note [Bounded JSON] in profile_store.cpp).
 inline constexpr int kMaxJsonDepth = 64;
-inline constexpr std::size_t kMaxProfileFileBytes = std::size_t{4} << 20;  // 4 MiB
-// GiB figures in a profile (budgets, peaks, totals, headroom): 0 to 1 PiB. The upper bound is
-// far above any device and far below 64-bit byte counts (8 EiB), so a converted value never
-// overflows.
+inline constexpr std::size_t kMaxProfileFileBytes = std::size_t{4} << 20;  ///< 4 MiB
+/// GiB figures in a profile (budgets, peaks, totals, headroom): 0 to 1 PiB. The upper bound is
+/// far above any device and far below 64-bit byte counts (8 EiB), so a converted value never
+/// overflows.
 inline constexpr double kMaxProfileGb = 1024.0 * 1024.0;
-// Per-candidate compute in a profile, ms per step: 0 to one hour.
+/// Per-candidate compute in a profile, ms per step: 0 to one hour.
 inline constexpr double kMaxProfileComputeMs = 3.6e6;
 
-// profile_measurement_kind values (seed "Calibration and measurement").
+/// profile_measurement_kind values (seed "Calibration and measurement").
 inline constexpr std::string_view kKindBaseline = "baseline";
+/// SDNQ calibration whose probe would not be worth a run.
 inline constexpr std::string_view kKindSdnqBaselineSafe = "sdnq_baseline_safe";
+/// SDNQ calibration with a probe still to run.
 inline constexpr std::string_view kKindSdnqProbePending = "sdnq_baseline_probe_pending";
+/// Measured at an SDNQ probe budget.
 inline constexpr std::string_view kKindSdnqProbe = "sdnq_probe";
 
 // ---------------------------------------------------------------------------------------------
 // Durable-file helpers (shared with host_context.h).
 // ---------------------------------------------------------------------------------------------
 
-// Lower-case hex SHA-256 of `data` (OpenSSL EVP).
+/// Lower-case hex SHA-256 of `data` (OpenSSL EVP).
 std::string sha256_hex(std::string_view data);
 
-// Compact JSON with object keys sorted (nlohmann::json objects are std::map-backed).
+/// Compact JSON with object keys sorted (nlohmann::json objects are std::map-backed).
 std::string canonical_json(const nlohmann::json& value);
 
-// Current time as UTC ISO-8601 with milliseconds and a trailing Z: "2025-01-31T09:08:07.123Z".
+/// Current time as UTC ISO-8601 with milliseconds and a trailing Z: "2025-01-31T09:08:07.123Z".
 std::string utc_now_iso8601();
 
-// The profile directory: DDO_PROFILE_DIR when set and non-empty, else <home>/.ddo/profiles where
-// home is HOME (USERPROFILE on Windows, and as a fallback when HOME is unset). Throws ddo::Error
-// (kFailedPrecondition) when neither is set. `env` is the process environment as a map.
+/// The profile directory: DDO_PROFILE_DIR when set and non-empty, else `<home>/.ddo/profiles` where
+/// home is HOME (USERPROFILE on Windows, and as a fallback when HOME is unset). Throws ddo::Error
+/// (kFailedPrecondition) when neither is set. `env` is the process environment as a map.
 std::filesystem::path resolve_profile_dir(const std::map<std::string, std::string>& env);
 
-// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
+/// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
 using WarningSink = std::function<void(const std::string& message)>;
-WarningSink stderr_warning_sink();
+WarningSink stderr_warning_sink();  ///< the default sink
 
-// Options of one atomic write.
+/// Options of one atomic write.
 struct DurableWriteOptions {
-  // Test hook: runs after the temporary file is complete and synced, before the rename. A test
-  // forks a child whose hook calls _exit() to prove a killed writer never loses the old file.
+  /// Test hook: runs after the temporary file is complete and synced, before the rename. A test
+  /// forks a child whose hook calls _exit() to prove a killed writer never loses the old file.
   std::function<void(const std::filesystem::path& temp_path)> before_rename;
 };
 
-// Creates `directory` (and parents) when missing. kUnavailable names the directory and says to
-// set DDO_PROFILE_DIR when it cannot be created or is not a directory.
+/// Creates `directory` (and parents) when missing. kUnavailable names the directory and says to
+/// set DDO_PROFILE_DIR when it cannot be created or is not a directory.
 Status ensure_profile_directory(const std::filesystem::path& directory);
 
-// Writes `content` to a temporary file in the target's directory, fsyncs it, renames it over
-// `target` and fsyncs the directory. On failure the previous `target` is untouched.
+/// Writes `content` to a temporary file in the target's directory, fsyncs it, renames it over
+/// `target` and fsyncs the directory. On failure the previous `target` is untouched.
 Status write_file_atomic(const std::filesystem::path& target, std::string_view content,
                          const DurableWriteOptions& options = {});
 
-// Reads a whole regular file of at most `max_bytes`. kNotFound when it does not exist; kDataLoss
-// when it is larger than `max_bytes` or is not a regular file (a directory, a FIFO, a device;
-// the message says which); kUnavailable for other read errors. Never blocks on a FIFO.
+/// Reads a whole regular file of at most `max_bytes`. kNotFound when it does not exist; kDataLoss
+/// when it is larger than `max_bytes` or is not a regular file (a directory, a FIFO, a device;
+/// the message says which); kUnavailable for other read errors. Never blocks on a FIFO.
 Status read_text_file(const std::filesystem::path& path, std::string* content,
                       std::size_t max_bytes = kMaxProfileFileBytes);
 
-// The deepest nesting of arrays and objects in `text`, by a linear scan that skips strings: no
-// recursion and no document built, so it is safe on any input. Exact for valid JSON.
+/// The deepest nesting of arrays and objects in `text`, by a linear scan that skips strings: no
+/// recursion and no document built, so it is safe on any input. Exact for valid JSON.
 int json_nesting_depth(std::string_view text);
 
-// Parses `text` as JSON when it is at most kMaxProfileFileBytes and nested at most kMaxJsonDepth
-// deep; kDataLoss says which bound failed or that the text is not valid JSON.
+/// Parses `text` as JSON when it is at most kMaxProfileFileBytes and nested at most kMaxJsonDepth
+/// deep; kDataLoss says which bound failed or that the text is not valid JSON.
 Status parse_json_bounded(std::string_view text, nlohmann::json* out);
 
-// Keeps the current content of an unusable file `path` under a name no earlier backup holds:
-// "<path>.invalid", then "<path>.invalid-2", "-3", ... (a hard link, so nothing is copied and
-// `path` stays in place until its replacement is renamed over it; a rename where the file
-// system has no hard links). Call it under the file's lock. `*kept` is the backup's path.
+/// Keeps the current content of an unusable file `path` under a name no earlier backup holds:
+/// "<path>.invalid", then "<path>.invalid-2", "-3", ... (a hard link, so nothing is copied and
+/// `path` stays in place until its replacement is renamed over it; a rename where the file
+/// system has no hard links). Call it under the file's lock. `*kept` is the backup's path.
 Status keep_invalid_file(const std::filesystem::path& path, std::filesystem::path* kept);
 
-// Deletes the temporary files (".<file>.tmp-PID-N") that writers of profile and context files in
-// `directory` left when they were killed before their rename: only those whose owner process is
-// gone and that are older than a minute (Note [Stale temporary files]). Returns how many it
-// deleted; errors are ignored (a leftover costs disk space, never correctness).
+/// Deletes the temporary files (".<file>.tmp-PID-N") that writers of profile and context files in
+/// `directory` left when they were killed before their rename: only those whose owner process is
+/// gone and that are older than a minute (Note [Stale temporary files]). Returns how many it
+/// deleted; errors are ignored (a leftover costs disk space, never correctness).
 int remove_stale_temp_files(const std::filesystem::path& directory);
 
-// An exclusive advisory lock (flock) on a lock file, held until destruction. Blocks until the
-// lock is free. Re-checks after locking that the lock file was not deleted and recreated
-// meanwhile, so a `remove` that unlinks the lock file cannot split writers across two inodes.
+/// An exclusive advisory lock (flock) on a lock file, held until destruction. Blocks until the
+/// lock is free. Re-checks after locking that the lock file was not deleted and recreated
+/// meanwhile, so a `remove` that unlinks the lock file cannot split writers across two inodes.
 class FileLock {
  public:
   FileLock() = default;
-  FileLock(FileLock&& other) noexcept;
-  FileLock& operator=(FileLock&& other) noexcept;
+  FileLock(FileLock&& other) noexcept;             ///< `other` no longer holds the lock
+  FileLock& operator=(FileLock&& other) noexcept;  ///< releases the held lock first
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
   ~FileLock();
 
+  /// Locks `lock_path` (created when missing), waiting for other holders; errors name the path.
   static Status acquire(const std::filesystem::path& lock_path, FileLock* out);
+  /// True between acquire() and release().
   bool held() const { return fd_ >= 0; }
-  void release();
+  void release();  ///< unlocks; idempotent
 
  private:
   int fd_ = -1;
 };
 
-// The lock file that guards `target`: "<target>.lock".
+/// The lock file that guards `target`: "<target>.lock".
 std::filesystem::path lock_path_for(const std::filesystem::path& target);
 
-// Read-modify-write of `target` under its lock: `update` sees the current content (nullopt when
-// the file is absent) and fills the next content; a non-ok status from `update` writes nothing.
-// A current file larger than kMaxProfileFileBytes is kept aside (keep_invalid_file, reported
-// through `warn`) and `update` sees nullopt; a target that is not a regular file (a directory)
-// is an error naming it. Next content above kMaxProfileFileBytes is refused (kInvalidArgument),
-// so every file written can be read back. Stale temporary files of killed writers in the
-// directory are removed first.
+/// Read-modify-write of `target` under its lock: `update` sees the current content (nullopt when
+/// the file is absent) and fills the next content; a non-ok status from `update` writes nothing.
+/// A current file larger than kMaxProfileFileBytes is kept aside (keep_invalid_file, reported
+/// through `warn`) and `update` sees nullopt; a target that is not a regular file (a directory)
+/// is an error naming it. Next content above kMaxProfileFileBytes is refused (kInvalidArgument),
+/// so every file written can be read back. Stale temporary files of killed writers in the
+/// directory are removed first.
 using FileUpdate =
     std::function<Status(const std::optional<std::string>& current, std::string* next)>;
+/// The read-modify-write described at FileUpdate.
 Status update_file_locked(const std::filesystem::path& target, const FileUpdate& update,
                           const DurableWriteOptions& options = {}, const WarningSink& warn = {});
 
-// Capacity limits of one metric: the largest value that succeeded, the smallest that failed.
+/// Capacity limits of one metric: the largest value that succeeded, the smallest that failed.
 struct MetricLimits {
-  std::optional<double> max_success;
-  std::optional<double> min_failure;
+  std::optional<double> max_success;  ///< the largest value that succeeded
+  std::optional<double> min_failure;  ///< the smallest value that failed
 };
+/// Limits per metric name (e.g. "resident_budget_gb").
 using CapacityLimits = std::map<std::string, MetricLimits>;
 
-// The range of a number read from a file, for its error message.
+/// The range of a number read from a file, for its error message.
 struct NumberRange {
-  double min = 0.0;
-  double max = 0.0;
-  const char* unit = "";  // "GiB", "ms"; "" for plain numbers
+  double min = 0.0;       ///< the smallest value accepted
+  double max = 0.0;       ///< the largest value accepted
+  const char* unit = "";  ///< "GiB", "ms"; "" for plain numbers
 };
-// GiB figures of a profile and the free-form metrics of a host context (whose integers stay
-// exact in a double up to 2^53).
+/// GiB figures of a profile and the free-form metrics of a host context (whose integers stay
+/// exact in a double up to 2^53).
 inline constexpr NumberRange kProfileGbRange{0.0, kMaxProfileGb, "GiB"};
+/// Host-context metrics: any number whose integers are exact in a double.
 inline constexpr NumberRange kMetricRange{-9007199254740992.0, 9007199254740992.0, ""};
 
-// A number read from a file at `where` (the field as the user sees it in the file,
-// "recommendation.resident_budget_gb"), checked against `range`; kDataLoss names the field, the
-// value and the range.
+/// A number read from a file at `where` (the field as the user sees it in the file,
+/// "recommendation.resident_budget_gb"), checked against `range`; kDataLoss names the field, the
+/// value and the range.
 Status checked_number(const nlohmann::json& value, std::string_view where, const NumberRange& range,
                       double* out);
-// The integer field `prefix``key` of `object` must equal `expected` (a schema or identity
-// version), compared without truncation; kDataLoss names it and ends with `advice`.
+/// The integer field `prefix``key` of `object` must equal `expected` (a schema or identity
+/// version), compared without truncation; kDataLoss names it and ends with `advice`.
 Status version_field(const nlohmann::json& object, const char* key, std::string_view prefix,
                      int expected, std::string_view advice);
 
+/// Records one result: a success raises max_success, a failure lowers min_failure.
 void update_limits(CapacityLimits& limits, const std::string& metric, double value, bool success);
+/// {"metric": {"max_success": x, "min_failure": y}}, an absent limit omitted.
 nlohmann::json limits_to_json(const CapacityLimits& limits);
-// Parses {"metric": {"max_success": x, "min_failure": y}}; kDataLoss on a malformed entry or a
-// number outside `range`, naming the field.
+/// Parses {"metric": {"max_success": x, "min_failure": y}}; kDataLoss on a malformed entry or a
+/// number outside `range`, naming the field.
 Status limits_from_json(const nlohmann::json& json, CapacityLimits* out,
                         const NumberRange& range = kMetricRange);
 
@@ -202,131 +219,141 @@ Status limits_from_json(const nlohmann::json& json, CapacityLimits* out,
 // Named profiles.
 // ---------------------------------------------------------------------------------------------
 
+/// What a named profile is for; its key (the file name) is a hash of this.
 struct ProfileIdentity {
-  std::string name;         // user-supplied, stored verbatim
-  std::string model_class;  // fully qualified C++ class name, or Python class qualified name
-  int identity_version = kProfileIdentityVersion;
+  std::string name;         ///< user-supplied, stored verbatim
+  std::string model_class;  ///< fully qualified C++ class name, or Python class qualified name
+  int identity_version = kProfileIdentityVersion;  ///< see kProfileIdentityVersion
 
-  nlohmann::json to_json() const;
-  bool operator==(const ProfileIdentity&) const = default;
+  nlohmann::json to_json() const;                           ///< the file's "context"
+  bool operator==(const ProfileIdentity&) const = default;  ///< field by field
 };
 
-// First 32 hex digits of SHA-256(canonical_json(identity)).
+/// First 32 hex digits of SHA-256(canonical_json(identity)).
 std::string profile_key(const ProfileIdentity& identity);
-// "ddo-profile-<key>.json".
+/// "ddo-profile-<key>.json".
 std::string profile_file_name(std::string_view key);
-// True for exactly 32 lower-case hex digits (guards `--key` against path tricks).
+/// True for exactly 32 lower-case hex digits (guards `--key` against path tricks).
 bool is_valid_profile_key(std::string_view key);
 
-// The budget a profile recommends and how it was measured.
+/// The budget a profile recommends and how it was measured.
 struct ProfileRecommendation {
-  double resident_budget_gb = 0.0;
-  std::string profile_measurement_kind;  // one of the kKind* values
-  double peak_vram_gb = 0.0;
-  double total_vram_gb = 0.0;
-  double headroom_gb = 0.0;
-  // SDNQ probe fields. safe_budget_gb: the zero-resident safe budget (applied if a pending probe
-  // cannot run); probe_budget_gb: the resident budget probed or to be probed.
+  double resident_budget_gb = 0.0;       ///< the budget the next run of this identity should use
+  std::string profile_measurement_kind;  ///< one of the kKind* values
+  double peak_vram_gb = 0.0;             ///< the peak the recommendation was derived from
+  double total_vram_gb = 0.0;            ///< the card (or cap) it was measured on
+  double headroom_gb = 0.0;              ///< the headroom it kept
+  /// SDNQ probe fields. safe_budget_gb: the zero-resident safe budget (applied if a pending probe
+  /// cannot run); probe_budget_gb: the resident budget probed or to be probed.
   std::optional<double> safe_budget_gb;
-  std::optional<double> probe_budget_gb;
-  bool probe_pending = false;
-  std::string measured_at;
-  // GPU milliseconds per step spent in each residency candidate (a block), measured in the
-  // calibration run where every candidate streams. The next run's planner uses it to place
-  // residents so that streamed bytes follow compute along the step (Note [Balanced order] in
-  // planner.cpp). Empty when not measured (older profiles, devices without timing).
+  std::optional<double> probe_budget_gb;  ///< see safe_budget_gb
+  bool probe_pending = false;             ///< the next run is an SDNQ probe at probe_budget_gb
+  std::string measured_at;                ///< UTC ISO-8601
+  /// GPU milliseconds per step spent in each residency candidate (a block), measured in the
+  /// calibration run where every candidate streams. The next run's planner uses it to place
+  /// residents so that streamed bytes follow compute along the step (Note [Balanced order] in
+  /// planner.cpp). Empty when not measured (older profiles, devices without timing).
   std::map<std::string, double> candidate_compute_ms;
 
-  nlohmann::json to_json() const;
+  nlohmann::json to_json() const;  ///< the file's "recommendation" object
+  /// kDataLoss names a bad field.
   static Status from_json(const nlohmann::json& json, ProfileRecommendation* out);
 };
 
-// One measured region, kept in a bounded history.
+/// One measured region, kept in a bounded history.
 struct ProfileObservation {
-  std::string recorded_at;
-  std::string profile_measurement_kind;
-  bool success = true;              // the peak stayed within total - headroom
-  double resident_budget_gb = 0.0;  // the budget the measured run used
-  double peak_vram_gb = 0.0;
-  double total_vram_gb = 0.0;
-  double headroom_gb = 0.0;
-  double recommended_budget_gb = 0.0;
-  nlohmann::json measurement = nlohmann::json::object();
+  std::string recorded_at;               ///< UTC ISO-8601
+  std::string profile_measurement_kind;  ///< one of the kKind* values
+  bool success = true;                   ///< the peak stayed within total - headroom
+  double resident_budget_gb = 0.0;       ///< the budget the measured run used
+  double peak_vram_gb = 0.0;             ///< the measured peak
+  double total_vram_gb = 0.0;            ///< the card (or cap)
+  double headroom_gb = 0.0;              ///< profile_vram_headroom_gb
+  double recommended_budget_gb = 0.0;    ///< what the run recommended
+  nlohmann::json measurement = nlohmann::json::object();  ///< the region's figures
 
-  nlohmann::json to_json() const;
+  nlohmann::json to_json() const;  ///< one element of the file's "observations"
+  /// kDataLoss names a bad field.
   static Status from_json(const nlohmann::json& json, ProfileObservation* out);
 };
 
+/// A named profile's file, as read and written.
 struct ProfileRecord {
-  ProfileIdentity identity;
-  std::string profile_key;
-  std::string updated_at;
-  std::vector<ProfileObservation> observations;  // oldest first, at most kMaxProfileObservations
-  CapacityLimits capacity;
-  std::optional<ProfileRecommendation> recommendation;
+  ProfileIdentity identity;  ///< the file's "context"
+  std::string profile_key;   ///< profile_key(identity): the file name without ".json"
+  std::string updated_at;    ///< UTC ISO-8601 of the last save
+  std::vector<ProfileObservation> observations;  ///< oldest first, at most kMaxProfileObservations
+  CapacityLimits capacity;  ///< from the observations (update_limits_from_observation)
+  std::optional<ProfileRecommendation> recommendation;  ///< absent in a file that has none yet
 
-  nlohmann::json to_json() const;
-  // Validates schema version, identity version and key; kDataLoss says what is wrong.
+  nlohmann::json to_json() const;  ///< the whole file
+  /// Validates schema version, identity version and key; kDataLoss says what is wrong.
   static Status from_json(const nlohmann::json& json, ProfileRecord* out);
 };
 
-// One row of `ddo profiles list`. Unreadable files are listed with `problem` set so that the
-// user can see and delete them.
+/// One row of `ddo profiles list`. Unreadable files are listed with `problem` set so that the
+/// user can see and delete them.
 struct ProfileListing {
-  std::string profile_key;
-  std::string name;
-  std::string model_class;
-  std::optional<double> resident_budget_gb;
-  std::string profile_measurement_kind;
-  std::string updated_at;
-  std::filesystem::path path;
-  std::string problem;  // empty when the file is a valid profile
+  std::string profile_key;                   ///< the file name without ".json"
+  std::string name;                          ///< the profile name
+  std::string model_class;                   ///< the identity's class
+  std::optional<double> resident_budget_gb;  ///< the recommendation, when there is one
+  std::string profile_measurement_kind;      ///< how it was measured
+  std::string updated_at;                    ///< UTC ISO-8601 of the last save
+  std::filesystem::path path;                ///< the file
+  std::string problem;                       ///< empty when the file is a valid profile
 
-  nlohmann::json to_json() const;
+  nlohmann::json to_json() const;  ///< for `ddo profiles list --json`
 };
 
+/// Where a ProfileStore keeps its files and where it reports skipped ones.
 struct ProfileStoreOptions {
-  std::filesystem::path directory;
-  WarningSink warn = stderr_warning_sink();
-  DurableWriteOptions write;  // test hooks
+  std::filesystem::path directory;           ///< resolve_profile_dir() for the usual place
+  WarningSink warn = stderr_warning_sink();  ///< told about every file ignored or kept aside
+  DurableWriteOptions write;                 ///< test hooks
 };
 
+/// Named profiles in one directory; see the file comment for the format and the write path.
 class ProfileStore {
  public:
-  explicit ProfileStore(ProfileStoreOptions options);
+  explicit ProfileStore(ProfileStoreOptions options);  ///< creates nothing until the first save
 
+  /// The directory the profiles live in.
   const std::filesystem::path& directory() const { return options_.directory; }
+  /// The identity's file, existing or not.
   std::filesystem::path path_for(const ProfileIdentity& identity) const;
-  // Throws ddo::Error (kInvalidArgument) when `key` is not 32 hex digits.
+  /// Throws ddo::Error (kInvalidArgument) when `key` is not 32 hex digits.
   std::filesystem::path path_for_key(std::string_view key) const;
 
-  // The stored record, or nullopt when absent. Invalid, foreign, mismatched or old-schema files
-  // are reported through the warning sink and treated as absent; this never throws for file
-  // content.
+  /// The stored record, or nullopt when absent. Invalid, foreign, mismatched or old-schema files
+  /// are reported through the warning sink and treated as absent; this never throws for file
+  /// content.
   std::optional<ProfileRecord> load(const ProfileIdentity& identity) const;
+  /// The same by key; throws for an invalid key.
   std::optional<ProfileRecord> load_by_key(std::string_view key) const;
 
-  // Appends `observation` (history capped at kMaxProfileObservations), updates capacity limits
-  // and replaces the recommendation, all under the file lock. A present but invalid file is kept
-  // beside under a name of its own ("<file>.invalid", "<file>.invalid-2", ...; every earlier
-  // backup stays) before it is replaced. Errors name the directory.
+  /// Appends `observation` (history capped at kMaxProfileObservations), updates capacity limits
+  /// and replaces the recommendation, all under the file lock. A present but invalid file is kept
+  /// beside under a name of its own ("<file>.invalid", "<file>.invalid-2", ...; every earlier
+  /// backup stays) before it is replaced. Errors name the directory.
   Status save(const ProfileIdentity& identity, const ProfileObservation& observation,
               const ProfileRecommendation& recommendation);
 
-  // Whether save(identity, ...) can write: the directory exists or can be created, a file can be
-  // created in it, and the profile's path is not a directory or other non-regular file. For the
-  // start of a calibration, so that an unwritable directory fails before the measured run rather
-  // than after it. kUnavailable / kFailedPrecondition name the path and say what to change.
+  /// Whether save(identity, ...) can write: the directory exists or can be created, a file can be
+  /// created in it, and the profile's path is not a directory or other non-regular file. For the
+  /// start of a calibration, so that an unwritable directory fails before the measured run rather
+  /// than after it. kUnavailable / kFailedPrecondition name the path and say what to change.
   Status check_writable(const ProfileIdentity& identity) const;
 
-  // Every "ddo-profile-*.json" in the directory, sorted by name, class, then key; invalid files
-  // are rows with `problem` set. A missing directory lists nothing. Throws ddo::Error
-  // (kFailedPrecondition) when the directory path exists but is not a directory, and
-  // (kUnavailable) when it cannot be read.
+  /// Every "ddo-profile-*.json" in the directory, sorted by name, class, then key; invalid files
+  /// are rows with `problem` set. A missing directory lists nothing. Throws ddo::Error
+  /// (kFailedPrecondition) when the directory path exists but is not a directory, and
+  /// (kUnavailable) when it cannot be read.
   std::vector<ProfileListing> list() const;
 
-  // Deletes the profile file (and its lock file). kNotFound when there is none.
+  /// Deletes the profile file (and its lock file). kNotFound when there is none.
   Status remove(const ProfileIdentity& identity);
+  /// The same by key; kInvalidArgument for an invalid key.
   Status remove_by_key(std::string_view key);
 
  private:

@@ -1,13 +1,16 @@
-// Status and errors shared by every ddo layer.
-//
-// Fallible core and engine paths return `ddo::Status` (a code plus a message that says what was
-// seen and what to change). User-facing entry points throw `ddo::Error`, which carries the same
-// status, so the Python binding can map codes to exception types in one table.
-//
-//   ddo::Status s = store.save(record);
-//   if (!s.ok()) return s;                       // propagate
-//   DDO_CHECK(headroom_gb >= 0, ddo::Code::kInvalidArgument,
-//             "profile_vram_headroom_gb=", headroom_gb, " is negative; use a value >= 0");
+/// \file
+/// Status and errors shared by every ddo layer.
+///
+/// Fallible core and engine paths return `ddo::Status` (a code plus a message that says what was
+/// seen and what to change). User-facing entry points throw `ddo::Error`, which carries the same
+/// status, so the Python binding can map codes to exception types in one table.
+///
+/// ```
+/// ddo::Status s = store.save(record);
+/// if (!s.ok()) return s;                       // propagate
+/// DDO_CHECK(headroom_gb >= 0, ddo::Code::kInvalidArgument,
+///           "profile_vram_headroom_gb=", headroom_gb, " is negative; use a value >= 0");
+/// ```
 #pragma once
 
 #include <charconv>
@@ -20,44 +23,54 @@
 
 namespace ddo {
 
-// Few codes, each named by what the caller should do about it.
+/// Few codes, each named by what the caller should do about it.
 enum class Code {
   kOk = 0,
-  kInvalidArgument,     // the caller passed a bad value: fix the input (Python: ValueError)
-  kFailedPrecondition,  // the call is not allowed in this state (Python: RuntimeError)
-  kNotFound,            // a named thing does not exist (Python: KeyError/FileNotFoundError)
-  kResourceExhausted,   // memory (device, pinned, host) ran out (Python: MemoryError)
-  kUnavailable,         // the device or platform feature is missing (Python: RuntimeError)
-  kDataLoss,            // a stored file is corrupt or foreign (Python: ValueError)
-  kInternal,            // a ddo bug: an invariant did not hold (Python: RuntimeError)
+  kInvalidArgument,     ///< the caller passed a bad value: fix the input (Python: ValueError)
+  kFailedPrecondition,  ///< the call is not allowed in this state (Python: RuntimeError)
+  kNotFound,            ///< a named thing does not exist (Python: KeyError/FileNotFoundError)
+  kResourceExhausted,   ///< memory (device, pinned, host) ran out (Python: MemoryError)
+  kUnavailable,         ///< the device or platform feature is missing (Python: RuntimeError)
+  kDataLoss,            ///< a stored file is corrupt or foreign (Python: ValueError)
+  kInternal,            ///< a ddo bug: an invariant did not hold (Python: RuntimeError)
 };
 
-const char* code_name(Code code);
+const char* code_name(Code code);  ///< "kInvalidArgument", ...: for messages and logs
 
+/// A code and a message; ok() when the code is kOk. [[nodiscard]]: a status must be looked at.
 class [[nodiscard]] Status {
  public:
   Status() = default;
+  /// A status with `code`; the message says what was seen and what to change.
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
 
+  /// The ok status (code kOk, no message).
   static Status ok_status() { return {}; }
 
+  /// True when the code is kOk.
   bool ok() const { return code_ == Code::kOk; }
+  /// What the caller should do (see Code).
   Code code() const { return code_; }
+  /// Empty for ok.
   const std::string& message() const { return message_; }
-  std::string to_string() const;
+  std::string to_string() const;  ///< "<code name>: <message>", or "ok"
 
  private:
   Code code_ = Code::kOk;
   std::string message_;
 };
 
-// The exception thrown by public entry points; carries a Status.
+/// The exception thrown by public entry points; carries a Status.
 class Error : public std::runtime_error {
  public:
+  /// Throws a status that is not ok; what() is its message.
   explicit Error(Status status)
       : std::runtime_error(status.message()), status_(std::move(status)) {}
+  /// The same from a code and message.
   Error(Code code, std::string message) : Error(Status(code, std::move(message))) {}
+  /// The status thrown.
   const Status& status() const { return status_; }
+  /// Its code.
   Code code() const { return status_.code(); }
 
  private:
@@ -116,7 +129,7 @@ void str_append(std::string& out, T value) {
   str_append(out, static_cast<std::underlying_type_t<T>>(value));
 }
 
-// Concatenates its arguments into one message. See Note [No iostreams].
+/// Concatenates its arguments into one message. See Note [No iostreams].
 template <typename... Args>
 std::string str_cat(const Args&... args) {
   std::string out;
@@ -126,7 +139,7 @@ std::string str_cat(const Args&... args) {
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 }  // namespace internal
 
-// Throws ddo::Error(code, message) when the condition is false; for user input.
+/// Throws ddo::Error(code, message) when the condition is false; for user input.
 #define DDO_CHECK(cond, code, ...)                                       \
   do {                                                                   \
     if (!(cond)) {                                                       \
@@ -134,7 +147,7 @@ std::string str_cat(const Args&... args) {
     }                                                                    \
   } while (0)
 
-// Invariants: a failure is a ddo bug. Always on (the checks are off the hot path).
+/// Invariants: a failure is a ddo bug. Always on (the checks are off the hot path).
 #define DDO_ASSERT(cond, ...)                                                                \
   do {                                                                                       \
     if (!(cond)) {                                                                           \
@@ -143,14 +156,14 @@ std::string str_cat(const Args&... args) {
     }                                                                                        \
   } while (0)
 
-// Returns the status from the enclosing function when it is not ok.
+/// Returns the status from the enclosing function when it is not ok.
 #define DDO_RETURN_IF_ERROR(expr)              \
   do {                                         \
     ::ddo::Status ddo_status_ = (expr);        \
     if (!ddo_status_.ok()) return ddo_status_; \
   } while (0)
 
-// Throws ddo::Error when the status is not ok.
+/// Throws ddo::Error when the status is not ok.
 inline void throw_if_error(Status status) {
   if (!status.ok()) throw Error(std::move(status));
 }

@@ -1,20 +1,23 @@
-// CopyScheduler: streams weights from host slabs into a fixed device staging area just in time.
-//
-// Each streamed weight is a unit (an id from add()). On the hot path the adapter calls
-// acquire(id) right before the op that reads the weight and release(id) right after issuing it:
-//
-//   int id = scheduler.add(host_ptr, bytes, pinned);     // setup
-//   scheduler.finalize();                                 // allocates staging once
-//   void* w = scheduler.acquire(id, stream);              // device copy; `stream` waits for it
-//   launch_op(w, stream);
-//   scheduler.release(id, stream);                        // region reusable after the op
-//
-// The first pass records the order of acquires (the trace). Later passes prefetch ahead along
-// the trace by a byte window, on the copy stream, into a ring over the staging area; the copy
-// stream waits on the release event of a region before overwriting it, so neither side blocks
-// the host in the steady state. Resident modules never appear in the trace, so prefetch runs
-// past them. An acquire that does not match the trace is served correctly (an on-demand copy),
-// counted, and after repeated misses the trace is learned again. See Note [Staging ring].
+/// \file
+/// CopyScheduler: streams weights from host slabs into a fixed device staging area just in time.
+///
+/// Each streamed weight is a unit (an id from add()). On the hot path the adapter calls
+/// acquire(id) right before the op that reads the weight and release(id) right after issuing it:
+///
+/// ```
+/// int id = scheduler.add(host_ptr, bytes, pinned);     // setup
+/// scheduler.finalize();                                 // allocates staging once
+/// void* w = scheduler.acquire(id, stream);              // device copy; `stream` waits for it
+/// launch_op(w, stream);
+/// scheduler.release(id, stream);                        // region reusable after the op
+/// ```
+///
+/// The first pass records the order of acquires (the trace). Later passes prefetch ahead along
+/// the trace by a byte window, on the copy stream, into a ring over the staging area; the copy
+/// stream waits on the release event of a region before overwriting it, so neither side blocks
+/// the host in the steady state. Resident modules never appear in the trace, so prefetch runs
+/// past them. An acquire that does not match the trace is served correctly (an on-demand copy),
+/// counted, and after repeated misses the trace is learned again. See Note [Staging ring].
 #pragma once
 
 #include <cstddef>
@@ -27,74 +30,81 @@
 
 namespace ddo::engine {
 
+/// How a CopyScheduler sizes its staging area and issues its copies.
 struct SchedulerOptions {
-  // Staging area size; 0 = window + 2 x the largest unit.
+  /// Staging area size; 0 = window + 2 x the largest unit.
   std::size_t staging_bytes = 0;
-  // Bytes prefetched ahead of the op that runs; 0 = 512 MiB (capped by staging).
+  /// Bytes prefetched ahead of the op that runs; 0 = 512 MiB (capped by staging).
   std::size_t window_bytes = 0;
-  // false: copies are issued on the compute stream (no side stream, e.g. under WSL).
+  /// false: copies are issued on the compute stream (no side stream, e.g. under WSL).
   bool use_side_stream = true;
-  // Time copies with events (device time); costs two event records per copy.
+  /// Time copies with events (device time); costs two event records per copy.
   bool time_copies = true;
 };
 
+/// Counters of a CopyScheduler since it was built or reset_stats(); COUNT, SUM or peak as named.
 struct SchedulerStats {
-  std::int64_t acquires = 0;
-  std::int64_t bytes_copied = 0;
-  std::int64_t prefetch_hits = 0;  // acquired units that were already in flight or landed
-  std::int64_t on_demand = 0;      // acquired units copied only when asked
-  std::int64_t order_misses = 0;   // acquires that did not match the trace
-  std::int64_t relearns = 0;       // times the trace was learned again
-  double copy_ms = 0.0;            // device time spent copying (timing events)
-  double wait_ms = 0.0;            // host-observed time the compute side waited for copies
-  std::int64_t staging_bytes = 0;
-  std::int64_t peak_in_flight_bytes = 0;
-  std::size_t trace_length = 0;
+  std::int64_t acquires = 0;              ///< COUNT: acquire() calls
+  std::int64_t bytes_copied = 0;          ///< SUM: bytes copied host to device
+  std::int64_t prefetch_hits = 0;         ///< acquired units that were already in flight or landed
+  std::int64_t on_demand = 0;             ///< acquired units copied only when asked
+  std::int64_t order_misses = 0;          ///< acquires that did not match the trace
+  std::int64_t relearns = 0;              ///< times the trace was learned again
+  double copy_ms = 0.0;                   ///< device time spent copying (timing events)
+  double wait_ms = 0.0;                   ///< host-observed time the compute side waited for copies
+  std::int64_t staging_bytes = 0;         ///< size of the staging area
+  std::int64_t peak_in_flight_bytes = 0;  ///< most bytes copied ahead and not yet released at once
+  std::size_t trace_length = 0;           ///< units in the learned acquire order
 };
 
-// One streamed unit's last copy and last compute-side wait, in milliseconds after the mark
-// (CopyScheduler::mark); negative where it came before the mark (a copy prefetched during the
-// previous step). NaN where the events have not completed or timing is off.
+/// One streamed unit's last copy and last compute-side wait, in milliseconds after the mark
+/// (CopyScheduler::mark); negative where it came before the mark (a copy prefetched during the
+/// previous step). NaN where the events have not completed or timing is off.
 struct UnitTiming {
-  int unit = -1;
-  std::int64_t bytes = 0;
-  double copy_start_ms = 0.0;
-  double copy_end_ms = 0.0;
-  double wait_start_ms = 0.0;  // the compute stream reached the acquire
-  double wait_end_ms = 0.0;    // ... and could run the op (the copy had landed)
+  int unit = -1;               ///< the unit's id (CopyScheduler::add)
+  std::int64_t bytes = 0;      ///< the unit's size
+  double copy_start_ms = 0.0;  ///< the copy began on the device
+  double copy_end_ms = 0.0;    ///< the copy landed
+  double wait_start_ms = 0.0;  ///< the compute stream reached the acquire
+  double wait_end_ms = 0.0;    ///< ... and could run the op (the copy had landed)
 };
 
+/// Streams registered host units into a fixed device staging area just before the ops that read
+/// them: it learns the order units are acquired in (the trace) and copies the next `window_bytes`
+/// ahead on a side stream, ordered by events only.
 class CopyScheduler {
  public:
+  /// `device` must outlive the scheduler.
   CopyScheduler(Device& device, const SchedulerOptions& options);
   ~CopyScheduler();
   CopyScheduler(const CopyScheduler&) = delete;
   CopyScheduler& operator=(const CopyScheduler&) = delete;
 
-  // Setup. Registers a unit living at `host_ptr`; returns its id (0, 1, ...).
+  /// Setup. Registers a unit living at `host_ptr`; returns its id (0, 1, ...).
   int add(const void* host_ptr, std::size_t bytes, bool pinned);
-  // Allocates the staging area (device memory) once. Fails with kResourceExhausted when the
-  // device cannot hold it, naming the size.
+  /// Allocates the staging area (device memory) once. Fails with kResourceExhausted when the
+  /// device cannot hold it, naming the size.
   Status finalize();
 
-  // Hot path. Returns the device address holding unit `id`; work issued on `stream` after this
-  // call sees the data. Valid until release(id, stream).
+  /// Hot path. Returns the device address holding unit `id`; work issued on `stream` after this
+  /// call sees the data. Valid until release(id, stream).
   void* acquire(int id, Stream stream);
+  /// The unit's bytes may be reused after the work on `stream` so far.
   void release(int id, Stream stream);
 
-  // Waits for all copies; drops prefetched data (used at region boundaries and teardown).
+  /// Waits for all copies; drops prefetched data (used at region boundaries and teardown).
   void drain();
 
-  // Diagnostics (time_copies only): records a reference point on `stream`, e.g. where a step
-  // begins; timeline() then returns every unit of the trace in trace order, timed against it.
-  // Call timeline() after the stream is synchronized; it never blocks.
+  /// Diagnostics (time_copies only): records a reference point on `stream`, e.g. where a step
+  /// begins; timeline() then returns every unit of the trace in trace order, timed against it.
+  /// Call timeline() after the stream is synchronized; it never blocks.
   void mark(Stream stream);
-  std::vector<UnitTiming> timeline() const;
+  std::vector<UnitTiming> timeline() const;  ///< see mark()
 
-  SchedulerStats stats() const;
-  void reset_stats();
-  std::size_t staging_bytes() const;
-  std::size_t unit_count() const;
+  SchedulerStats stats() const;       ///< the counters so far
+  void reset_stats();                 ///< zeroes the counters (the trace is kept)
+  std::size_t staging_bytes() const;  ///< the staging area's size once finalized
+  std::size_t unit_count() const;     ///< units registered by add()
 
  private:
   struct Impl;

@@ -1,13 +1,16 @@
-// Dequantizing an SDNQ weight, and the quantized Linear's forward.
-//
-// `dequantize` is the one entry point: on a CUDA tensor it runs ddo's dequantize kernel
-// (sdnq/kernels/, one pass from packed bytes to the result dtype) where the kernel covers the
-// layout, and the ATen reference otherwise; on the CPU it runs the reference. Both give the
-// `sdnq` package's dequantize result bit for bit (Note [Bit-equal dequantize] in
-// sdnq/src/dequantize.cpp).
-//
-//   at::Tensor w = ddo::sdnq::dequantize(weights, layout);          // [out, in], result dtype
-//   at::Tensor y = ddo::sdnq::linear(x, weights, bias, layout);     // = F.linear(x, w, bias)
+/// \file
+/// Dequantizing an SDNQ weight, and the quantized Linear's forward.
+///
+/// `dequantize` is the one entry point: on a CUDA tensor it runs ddo's dequantize kernel
+/// (sdnq/kernels/, one pass from packed bytes to the result dtype) where the kernel covers the
+/// layout, and the ATen reference otherwise; on the CPU it runs the reference. Both give the
+/// `sdnq` package's dequantize result bit for bit (Note [Bit-equal dequantize] in
+/// sdnq/src/dequantize.cpp).
+///
+/// ```
+/// at::Tensor w = ddo::sdnq::dequantize(weights, layout);          // [out, in], result dtype
+/// at::Tensor y = ddo::sdnq::linear(x, weights, bias, layout);     // = F.linear(x, w, bias)
+/// ```
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,17 +19,17 @@
 
 namespace ddo::sdnq {
 
-// The weight as the Linear would hold it: [out, in], contiguous, `layout.result_dtype`, on the
-// weight's device.
+/// The weight as the Linear would hold it: [out, in], contiguous, `layout.result_dtype`, on the
+/// weight's device.
 at::Tensor dequantize(const QuantizedWeight& w, const Layout& layout);
 
-// The same computed with ATen ops only (any device): the reference the kernel is tested against.
+/// The same computed with ATen ops only (any device): the reference the kernel is tested against.
 at::Tensor dequantize_reference(const QuantizedWeight& w, const Layout& layout);
 
-// True when the CUDA kernel covers this layout with these tensors (contiguous, f32 scales).
+/// True when the CUDA kernel covers this layout with these tensors (contiguous, f32 scales).
 bool kernel_supports(const QuantizedWeight& w, const Layout& layout);
 
-// linear(input, dequantize(w), bias): the SDNQ layer's forward on its dequantize path.
+/// linear(input, dequantize(w), bias): the SDNQ layer's forward on its dequantize path.
 at::Tensor linear(const at::Tensor& input, const QuantizedWeight& w, const at::Tensor& bias,
                   const Layout& layout);
 

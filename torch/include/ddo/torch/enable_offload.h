@@ -1,26 +1,29 @@
-// enable_offload: ddo's entry point for LibTorch models (the seed page's API in C++).
-//
-// enable_offload takes over weight placement of a model whose weights do not all fit, or should
-// not all sit, on the execution device: some modules stay resident, large weights of the others
-// stay in (pinned) host memory and are streamed just before the op that reads them, small
-// tensors are moved once. The model's code is not changed and ddo never looks at inference
-// arguments; interception happens at the dispatcher (interception.h). Destroying the returned
-// handle (or remove()) restores ordinary CPU tensors with the original values.
-//
-//   ddo::adapter::OffloadOptions opts;
-//   opts.profile_name = "my-workload";
-//   opts.build_profile = calibrate;            // true for the calibration run
-//   opts.execution_device = "cuda:0";          // or "sim" for the host simulation
-//   std::unique_ptr<ddo::adapter::Offload> offload = ddo::adapter::enable_offload(model, opts);
-//   nlohmann::json profile = offload->profile_run([&] { latents = denoise(latents); });
-//   std::cout << offload->summary();
-//   offload.reset();                           // the model is ordinary again
-//
-// Execution devices: "cuda:N" (a GPU; needs a CUDA build and a GPU), "sim" / "sim:N" (the host
-// simulation: a capacity-limited arena of host memory stands in for VRAM, tensors are CPU
-// tensors), "cpu" (plan mode only). Settings follow the spec's override order (settings.h):
-// defaults < preset < DDO_* variables < an explicit config < `overrides` < a saved profile
-// recommendation (unless the manual resident budget is positive) < the auto policy.
+/// \file
+/// enable_offload: ddo's entry point for LibTorch models (the seed page's API in C++).
+///
+/// enable_offload takes over weight placement of a model whose weights do not all fit, or should
+/// not all sit, on the execution device: some modules stay resident, large weights of the others
+/// stay in (pinned) host memory and are streamed just before the op that reads them, small
+/// tensors are moved once. The model's code is not changed and ddo never looks at inference
+/// arguments; interception happens at the dispatcher (interception.h). Destroying the returned
+/// handle (or remove()) restores ordinary CPU tensors with the original values.
+///
+/// ```
+/// ddo::adapter::OffloadOptions opts;
+/// opts.profile_name = "my-workload";
+/// opts.build_profile = calibrate;            // true for the calibration run
+/// opts.execution_device = "cuda:0";          // or "sim" for the host simulation
+/// std::unique_ptr<ddo::adapter::Offload> offload = ddo::adapter::enable_offload(model, opts);
+/// nlohmann::json profile = offload->profile_run([&] { latents = denoise(latents); });
+/// std::cout << offload->summary();
+/// offload.reset();                           // the model is ordinary again
+/// ```
+///
+/// Execution devices: "cuda:N" (a GPU; needs a CUDA build and a GPU), "sim" / "sim:N" (the host
+/// simulation: a capacity-limited arena of host memory stands in for VRAM, tensors are CPU
+/// tensors), "cpu" (plan mode only). Settings follow the spec's override order (settings.h):
+/// defaults < preset < DDO_* variables < an explicit config < `overrides` < a saved profile
+/// recommendation (unless the manual resident budget is positive) < the auto policy.
 #pragma once
 
 #include <functional>
@@ -48,65 +51,70 @@ class Device;
 
 namespace ddo::adapter {
 
-// Setup events for the host's metrics: name ("plan", "pin", "moves", ...), seconds, payload.
+/// Setup events for the host's metrics: name ("plan", "pin", "moves", ...), seconds, payload.
 using RecordEvent =
     std::function<void(const std::string& name, double seconds, const nlohmann::json& payload)>;
 
+/// What enable_offload() takes besides the model; every field has a working default.
 struct OffloadOptions {
-  std::string preset = "auto";
-  std::string profile_name;  // "" disables profile lookup
-  bool build_profile = false;
-  // Resolved settings (then `overrides` still apply) or an explicit config (replaces defaults,
-  // preset and DDO_* variables); neither: resolved from `preset` and the environment.
+  std::string preset = "auto";  ///< a preset name (presets.h); "auto" is one_shot_fast
+  std::string profile_name;     ///< "" disables profile lookup
+  bool build_profile = false;   ///< true for a calibration run: profile_run() measures and saves
+  /// Resolved settings (then `overrides` still apply) or an explicit config (replaces defaults,
+  /// preset and DDO_* variables); neither: resolved from `preset` and the environment.
   std::optional<core::DynamicOffloadSettings> settings;
-  std::optional<core::DynamicOffloadConfig> config;
-  // Per-field overrides by spec name; unknown names are an error listing them.
+  std::optional<core::DynamicOffloadConfig> config;  ///< see `settings`
+  /// Per-field overrides by spec name; unknown names are an error listing them.
   nlohmann::json overrides = nlohmann::json::object();
-  std::string execution_device;  // "" = the config's (default "cuda:0")
-  RecordEvent record_event;
-  std::string model_class;  // "" = the demangled C++ class of the module
-  // The environment for the settings loader and DDO_PROFILE_DIR; unset = the process's.
+  std::string execution_device;  ///< "" = the config's (default "cuda:0")
+  RecordEvent record_event;      ///< called once per setup event; may be empty
+  std::string model_class;       ///< "" = the demangled C++ class of the module
+  /// The environment for the settings loader and DDO_PROFILE_DIR; unset = the process's.
   std::optional<core::EnvMap> env;
-  // Use this device instead of opening one from execution_device (a pipeline shares one device
-  // between its components; tests wrap one). Its kind must match execution_device.
+  /// Use this device instead of opening one from execution_device (a pipeline shares one device
+  /// between its components; tests wrap one). Its kind must match execution_device.
   std::shared_ptr<engine::Device> device;
 };
 
+/// The handle enable_offload() returns: the model's weights are placed by ddo for as long as it
+/// lives, and are ordinary tensors again once it is destroyed or remove() ran.
 class Offload {
  public:
-  ~Offload();  // restores the model (remove())
+  ~Offload();  ///< restores the model (remove())
   Offload(const Offload&) = delete;
   Offload& operator=(const Offload&) = delete;
 
-  // Restores the model: drains the scheduler, then every managed, resident and moved tensor
-  // becomes an ordinary tensor on its original device with its original values and
-  // requires_grad. Idempotent.
+  /// Restores the model: drains the scheduler, then every managed, resident and moved tensor
+  /// becomes an ordinary tensor on its original device with its original values and
+  /// requires_grad. Idempotent.
   void remove();
-  bool active() const;
+  bool active() const;  ///< false once remove() ran
 
-  // The measured region (profile_run.h).
+  /// The measured region (profile_run.h).
   ProfileRun profile_run();
+  /// Runs `region` as the measured region and returns its profile report (ProfileRun::finish()).
   nlohmann::json profile_run(const std::function<void()>& region);
-  // The latest profile report (setup's until a region ends).
+  /// The latest profile report (setup's until a region ends).
   nlohmann::json profile_report() const;
 
-  // JSON-safe report (spec §9): settings, setup seconds and bytes per action, modules patched,
-  // resident modules and bytes, pinned bytes, decisions, run figures, profile report.
+  /// JSON-safe report (spec §9): settings, setup seconds and bytes per action, modules patched,
+  /// resident modules and bytes, pinned bytes, decisions, run figures, profile report.
   nlohmann::json report() const;
-  // One screen for humans.
+  /// One screen for humans.
   std::string summary() const;
-  const core::Plan& plan() const;
-  const core::DynamicOffloadSettings& settings() const;
-  // The device the offload executes on (null in plan mode).
+  const core::Plan& plan() const;  ///< what the planner decided for every module and tensor
+  const core::DynamicOffloadSettings& settings()
+      const;  ///< the settings after preset, environment and overrides
+  /// The device the offload executes on (null in plan mode).
   std::shared_ptr<engine::Device> device() const;
-  // Clears the per-run figures (bytes streamed, copy and wait time, peaks).
+  /// Clears the per-run figures (bytes streamed, copy and wait time, peaks).
   void reset_run_stats();
-  // Diagnostics: mark_step() records a reference point on the compute stream (e.g. before a
-  // step); timeline(), after the device is synchronized, lists every streamed unit of the trace
-  // with its last copy and compute-side wait in ms after that point (JSON array of
-  // {unit, bytes, copy_start_ms, copy_end_ms, wait_start_ms, wait_end_ms}; null where unknown).
+  /// Diagnostics: mark_step() records a reference point on the compute stream (e.g. before a
+  /// step); timeline(), after the device is synchronized, lists every streamed unit of the trace
+  /// with its last copy and compute-side wait in ms after that point (JSON array of
+  /// {unit, bytes, copy_start_ms, copy_end_ms, wait_start_ms, wait_end_ms}; null where unknown).
   void mark_step();
-  nlohmann::json timeline() const;
+  nlohmann::json timeline() const;  ///< see mark_step()
 
  private:
   friend std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions&);
@@ -114,44 +122,49 @@ class Offload {
   std::unique_ptr<internal::OffloadState> state_;
 };
 
-// Attaches offload to a LibTorch module (any torch::nn::Module: a transformer, a UNet, ...).
+/// Attaches offload to a LibTorch module (any torch::nn::Module: a transformer, a UNet, ...).
 std::unique_ptr<Offload> enable_offload(torch::nn::Module& model,
                                         const OffloadOptions& options = {});
+/// The same for a module held by shared_ptr (what a TORCH_MODULE holder gives with .ptr()).
 std::unique_ptr<Offload> enable_offload(const std::shared_ptr<torch::nn::Module>& model,
                                         const OffloadOptions& options = {});
-// The same over a prepared module tree (the Python glue builds one from nn.Module).
+/// The same over a prepared module tree (the Python glue builds one from nn.Module).
 std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions& options);
 
-// Opens the execution device a config names ("cuda:N" or "sim[:N]"), as enable_offload does.
-// Throws ddo::Error: kUnavailable for CUDA without a GPU or CUDA build, kInvalidArgument for an
-// unknown device.
+/// Opens the execution device a config names ("cuda:N" or "sim[:N]"), as enable_offload does.
+/// Throws ddo::Error: kUnavailable for CUDA without a GPU or CUDA build, kInvalidArgument for an
+/// unknown device.
 std::shared_ptr<engine::Device> open_execution_device(const std::string& execution_device,
                                                       const core::DynamicOffloadConfig& config);
 
 // --- pipelines -----------------------------------------------------------------------------------
 
-// Offload over the components of a pipeline with one settings object: each component takes
-// settings.policy_for(name).route -- dynamic offload, classic group streaming (block or leaf),
-// a plain device move, or nothing. All components share one execution device. The profile
-// options apply to `profile_component` (default: the first component on the dynamic route).
+/// Offload over the components of a pipeline with one settings object: each component takes
+/// settings.policy_for(name).route -- dynamic offload, classic group streaming (block or leaf),
+/// a plain device move, or nothing. All components share one execution device. The profile
+/// options apply to `profile_component` (default: the first component on the dynamic route).
 class PipelineOffload {
  public:
   ~PipelineOffload();
   PipelineOffload(const PipelineOffload&) = delete;
   PipelineOffload& operator=(const PipelineOffload&) = delete;
 
-  // The component's offload; null for a component on the "none" route. Throws for unknown names.
+  /// The component's offload; null for a component on the "none" route. Throws for unknown names.
   Offload* component(const std::string& name);
-  std::vector<std::string> component_names() const;
+  std::vector<std::string> component_names() const;  ///< in the order the components were given
+  /// The component's route; throws for unknown names.
   core::Route route_of(const std::string& name) const;
-  // Restores every component (reverse order).
+  /// Restores every component (reverse order).
   void remove();
 
-  // The profiled component's region.
+  /// The profiled component's region.
   ProfileRun profile_run();
+  /// Runs `region` as the profiled component's measured region; returns its report.
   nlohmann::json profile_run(const std::function<void()>& region);
 
+  /// JSON: the profiled component's name and, per component, its route and report().
   nlohmann::json report() const;
+  /// One screen for humans: each component's route and summary().
   std::string summary() const;
 
  private:
@@ -170,6 +183,8 @@ class PipelineOffload {
   std::string profiled_;
 };
 
+/// Offloads the named components of a pipeline as PipelineOffload describes; `profile_component`
+/// names the one whose profile options apply ("": the first on the dynamic route).
 std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
     const OffloadOptions& options = {}, const std::string& profile_component = "");

@@ -1,20 +1,23 @@
-// ModuleTree: the torch-side description of a model that enable_offload works on.
-//
-// ddo never touches module code. It needs, once at enable_offload, every module in model order
-// (a parent before its children) with its dotted name, class name, kind (what its weight op is:
-// Linear, Embedding, Conv, other) and its direct parameters and buffers as tensor handles. Those
-// handles are what ddo re-points (`tensor.set_data(...)`) into host slabs or device memory and
-// back, so the model keeps its own Parameter objects and Python sees the same tensors.
-//
-// For LibTorch models the tree comes from `torch::nn::Module::named_modules()`, with the kind
-// detected from the stock module types. The Python glue builds the same structure from
-// `nn.Module.named_modules()` and passes kinds it detected itself.
-//
-//   torch::nn::Sequential net(torch::nn::Linear(64, 64), torch::nn::ReLU());
-//   ddo::adapter::ModuleTree tree = ddo::adapter::module_tree_from(*net);
-//   // tree.entries[1].name == "0"; tree.entries[1].kind == ModuleKind::kLinear
-//   // tree.entries[1].tensors[0].name == "weight"
-//   ddo::core::ModelInventory inv = ddo::adapter::to_inventory(tree, c10::Device("cuda:0"));
+/// \file
+/// ModuleTree: the torch-side description of a model that enable_offload works on.
+///
+/// ddo never touches module code. It needs, once at enable_offload, every module in model order
+/// (a parent before its children) with its dotted name, class name, kind (what its weight op is:
+/// Linear, Embedding, Conv, other) and its direct parameters and buffers as tensor handles. Those
+/// handles are what ddo re-points (`tensor.set_data(...)`) into host slabs or device memory and
+/// back, so the model keeps its own Parameter objects and Python sees the same tensors.
+///
+/// For LibTorch models the tree comes from `torch::nn::Module::named_modules()`, with the kind
+/// detected from the stock module types. The Python glue builds the same structure from
+/// `nn.Module.named_modules()` and passes kinds it detected itself.
+///
+/// ```
+/// torch::nn::Sequential net(torch::nn::Linear(64, 64), torch::nn::ReLU());
+/// ddo::adapter::ModuleTree tree = ddo::adapter::module_tree_from(*net);
+/// // tree.entries[1].name == "0"; tree.entries[1].kind == ModuleKind::kLinear
+/// // tree.entries[1].tensors[0].name == "weight"
+/// ddo::core::ModelInventory inv = ddo::adapter::to_inventory(tree, c10::Device("cuda:0"));
+/// ```
 #pragma once
 
 #include <string>
@@ -31,39 +34,42 @@ class Module;
 
 namespace ddo::adapter {
 
-// One direct parameter or buffer of a module: a handle to the model's own tensor.
+/// One direct parameter or buffer of a module: a handle to the model's own tensor.
 struct TensorSlot {
-  std::string name;  // local name, e.g. "weight"
-  at::Tensor tensor;
-  bool is_parameter = true;
+  std::string name;   ///< local name, e.g. "weight"
+  at::Tensor tensor;  ///< shares storage with the model: replacing its data changes the model
+  bool is_parameter = true;  ///< false for a buffer
 };
 
+/// One module of the model with its direct tensors (not its children's).
 struct ModuleEntry {
-  std::string name;        // dotted; "" is the root
-  std::string class_name;  // "torch::nn::LinearImpl", "my::Block", or the Python class name
+  std::string name;        ///< dotted; "" is the root
+  std::string class_name;  ///< "torch::nn::LinearImpl", "my::Block", or the Python class name
+  /// Linear, Conv or Embedding: the ops ddo intercepts.
   core::ModuleKind kind = core::ModuleKind::kOther;
-  bool is_leaf = true;
-  std::vector<TensorSlot> tensors;
+  bool is_leaf = true;              ///< no child modules
+  std::vector<TensorSlot> tensors;  ///< direct parameters, then buffers
 };
 
+/// A model as enable_offload sees it, built once at setup from C++ or Python modules.
 struct ModuleTree {
-  std::string model_class;  // fully qualified class of the root (the profile identity uses it)
-  std::vector<ModuleEntry> entries;  // model order; names unique
+  std::string model_class;  ///< fully qualified class of the root (the profile identity uses it)
+  std::vector<ModuleEntry> entries;  ///< model order; names unique
 };
 
-// Walks a LibTorch module: named_modules() order, direct named_parameters / named_buffers, kinds
-// from torch::nn::LinearImpl, Conv1d/2d/3dImpl and EmbeddingImpl. Undefined tensors (a Linear
-// without bias) are left out.
+/// Walks a LibTorch module: named_modules() order, direct named_parameters / named_buffers, kinds
+/// from torch::nn::LinearImpl, Conv1d/2d/3dImpl and EmbeddingImpl. Undefined tensors (a Linear
+/// without bias) are left out.
 ModuleTree module_tree_from(torch::nn::Module& model);
 
-// The demangled, fully qualified C++ class of a module ("ddo::adapter::testing::FluxDiTImpl").
+/// The demangled, fully qualified C++ class of a module ("ddo::adapter::testing::FluxDiTImpl").
 std::string module_class_name(const torch::nn::Module& module);
 
-// The planner's view of the tree. `execution_device` marks tensors already there (on_device);
-// pinned CPU tensors are reported as already pinned (a loader's pins are kept).
+/// The planner's view of the tree. `execution_device` marks tensors already there (on_device);
+/// pinned CPU tensors are reported as already pinned (a loader's pins are kept).
 core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& execution_device);
 
-// The dtype spelling the inventory uses ("float32", "bfloat16", "uint8", ...).
+/// The dtype spelling the inventory uses ("float32", "bfloat16", "uint8", ...).
 std::string dtype_name(c10::ScalarType type);
 
 }  // namespace ddo::adapter

@@ -1,31 +1,36 @@
-// ProfileRun: the measured region of a named workload profile (the seed's `profile_run()`).
-//
-// Calibration run (build_profile = true): the region synchronizes the device at its boundaries,
-// takes the process-wide calibration lock for the device (a nested or concurrent region on the
-// same device is refused with ddo::Error kFailedPrecondition), resets the peak counters, samples
-// device memory while the host's code runs, and saves the recommendation only when the region
-// ends normally. A pending SDNQ probe is measured the same way. Normal run: the stored
-// recommendation was already applied by enable_offload; the region does nothing and its report
-// says "applied" (or "missing", "disabled").
-//
-// Two forms with the same meaning:
-//
-//   // RAII scope: finish() ends the region normally (and saves); it returns the report.
-//   {
-//     ddo::adapter::ProfileRun run = offload->profile_run();
-//     latents = denoise(latents);
-//     nlohmann::json report = run.finish();
-//   }
-//   // A ProfileRun destroyed without finish() -- during stack unwinding
-//   // (std::uncaught_exceptions() > 0) or because the code forgot it -- aborts: nothing is saved
-//   // and the stored profile stays byte-for-byte as it was.
-//
-//   // Callable: runs `region` inside; rethrows its exception after aborting the region.
-//   nlohmann::json report = offload->profile_run([&] { latents = denoise(latents); });
-//
-// The report is JSON-safe (spec §6: name, status, resident_budget_gb, path, peak_vram_gb,
-// total_vram_gb, headroom_gb, profile_measurement_kind, measurement) and is also kept by the
-// offload (`Offload::profile_report()`), so it stays readable after the region.
+/// \file
+/// ProfileRun: the measured region of a named workload profile (the seed's `profile_run()`).
+///
+/// Calibration run (build_profile = true): the region synchronizes the device at its boundaries,
+/// takes the process-wide calibration lock for the device (a nested or concurrent region on the
+/// same device is refused with ddo::Error kFailedPrecondition), resets the peak counters, samples
+/// device memory while the host's code runs, and saves the recommendation only when the region
+/// ends normally. A pending SDNQ probe is measured the same way. Normal run: the stored
+/// recommendation was already applied by enable_offload; the region does nothing and its report
+/// says "applied" (or "missing", "disabled").
+///
+/// Two forms with the same meaning:
+///
+/// ```
+/// // RAII scope: finish() ends the region normally (and saves); it returns the report.
+/// {
+///   ddo::adapter::ProfileRun run = offload->profile_run();
+///   latents = denoise(latents);
+///   nlohmann::json report = run.finish();
+/// }
+/// // A ProfileRun destroyed without finish() -- during stack unwinding
+/// // (std::uncaught_exceptions() > 0) or because the code forgot it -- aborts: nothing is saved
+/// // and the stored profile stays byte-for-byte as it was.
+/// ```
+///
+/// ```
+/// // Callable: runs `region` inside; rethrows its exception after aborting the region.
+/// nlohmann::json report = offload->profile_run([&] { latents = denoise(latents); });
+/// ```
+///
+/// The report is JSON-safe (spec §6: name, status, resident_budget_gb, path, peak_vram_gb,
+/// total_vram_gb, headroom_gb, profile_measurement_kind, measurement) and is also kept by the
+/// offload (`Offload::profile_report()`), so it stays readable after the region.
 #pragma once
 
 #include <memory>
@@ -39,25 +44,27 @@ struct OffloadState;
 struct RegionState;
 }  // namespace internal
 
+/// The measured region of an offload (Offload::profile_run()): alive from the start of the host's
+/// region to its end; finish() saves, destruction without it aborts.
 class ProfileRun {
  public:
-  ProfileRun(ProfileRun&& other) noexcept;
+  ProfileRun(ProfileRun&& other) noexcept;  ///< `other` becomes inactive
   ProfileRun& operator=(ProfileRun&& other) = delete;
   ProfileRun(const ProfileRun&) = delete;
   ProfileRun& operator=(const ProfileRun&) = delete;
-  // Aborts the region unless finish() ran: nothing is saved. Never throws.
+  /// Aborts the region unless finish() ran: nothing is saved. Never throws.
   ~ProfileRun();
 
-  // Ends the region normally: synchronizes, measures, saves (calibration or probe) and returns
-  // the report. Throws ddo::Error when saving fails (the report then says "failed"). Calling it
-  // twice is an error.
+  /// Ends the region normally: synchronizes, measures, saves (calibration or probe) and returns
+  /// the report. Throws ddo::Error when saving fails (the report then says "failed"). Calling it
+  /// twice is an error.
   nlohmann::json finish();
-  // Ends the region without saving (what the destructor does); returns the report.
+  /// Ends the region without saving (what the destructor does); returns the report.
   nlohmann::json abort();
 
-  // The report as it stands (updated by finish/abort).
+  /// The report as it stands (updated by finish/abort).
   const nlohmann::json& report() const;
-  bool active() const;
+  bool active() const;  ///< true until finish() or abort()
 
  private:
   friend class Offload;
