@@ -9,6 +9,15 @@ DDO_BUILD=${DDO_BUILD:-$DDO_ROOT/build}
 # Torch's CMake package probes the GPU architecture unless told; ddo targets Hopper (H200)
 # and builds for it on machines without a GPU too.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# ccache, when installed (scripts/install-deps.sh installs it): every build of the scripts and of
+# .ci/run compiles through it, with its cache beside the venv so fresh clones reuse it.
+# CCACHE_BASEDIR makes paths inside the clone relative, so another clone's objects hit.
+DDO_CCACHE_ARGS=()
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_DIR=${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ddo/ccache}
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$DDO_ROOT}
+  DDO_CCACHE_ARGS=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 
 # ddo_venv: creates the venv and installs the pinned requirements when they changed.
 ddo_venv() {
@@ -33,7 +42,7 @@ ddo_configure() {
   local torch_prefix
   torch_prefix=$("$DDO_VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   if [ ! -f "$DDO_BUILD/build.ninja" ]; then
-    cmake -S "$DDO_ROOT" -B "$DDO_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    cmake -S "$DDO_ROOT" -B "$DDO_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${DDO_CCACHE_ARGS[@]}" \
       -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$DDO_VENV/bin/python" "$@" >&2
   fi
 }

@@ -200,6 +200,30 @@ Status read_component_policies(const EnvMap& env, std::map<std::string, Componen
   return Status::ok_status();
 }
 
+// Note [Settings text is UTF-8]
+// Settings carry text from the environment into warnings, errors, reports (to_json) and Python
+// strings; nlohmann::json refuses to dump malformed UTF-8 (type_error 316, which escaped from
+// to_json().dump() and ended the process; found by fuzz/settings_fuzz.cpp) and Python refuses to
+// decode it. Every DDO_ variable and the preset name must therefore be UTF-8; the error names
+// the variable with its bad bytes written as \xNN.
+Status check_text_is_utf8(const SettingsRequest& request, const EnvMap& env) {
+  if (request.preset && !text::is_utf8(*request.preset)) {
+    return Status(Code::kInvalidArgument,
+                  internal::str_cat("preset \"", text::printable(*request.preset),
+                                    "\" is not UTF-8 text; name a preset from `ddo presets`"));
+  }
+  for (const auto& [name, value] : env) {
+    if (name.rfind("DDO_", 0) != 0) continue;
+    if (!text::is_utf8(name) || !text::is_utf8(value)) {
+      return Status(Code::kInvalidArgument,
+                    internal::str_cat("environment variable ", text::printable(name), "=\"",
+                                      text::printable(value),
+                                      "\" is not UTF-8 text; set it to UTF-8 text or unset it"));
+    }
+  }
+  return Status::ok_status();
+}
+
 }  // namespace
 
 EnvMap process_env() {
@@ -242,6 +266,7 @@ std::string component_env_key(std::string_view component) {
 Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const EnvMap& env,
                                        DynamicOffloadSettings* out) {
   DDO_ASSERT(out != nullptr);
+  DDO_RETURN_IF_ERROR(check_text_is_utf8(request, env));
   DynamicOffloadSettings s;
   PresetInfo info;
   if (request.config) {

@@ -477,6 +477,30 @@ TEST(Settings, ToJsonIsComplete) {
   EXPECT_EQ(j.at("config").at("execution_mode"), "linear_runtime");
 }
 
+// Found by fuzz/settings_fuzz.cpp: a DDO_ value with bytes that are not UTF-8 reached the
+// warnings, and to_json().dump() threw nlohmann's type_error, ending the process. Such text is
+// refused up front, and the message shows the bad bytes escaped (Note [Settings text is UTF-8]).
+TEST(Settings, TextThatIsNotUtf8IsAnErrorThatCanBePrinted) {
+  for (const EnvMap& env : std::vector<EnvMap>{
+           {{"DDO_VERBOSE", "ma\x97ybe"}},
+           {{"DDO_PINNED_WEIGHT_CACHE_NAMESPACE", "ns\xed\xa0\x80"}},  // a surrogate
+           {{"DDO_VAE\xff_ROUTE", "device"}},
+           {{"DDO_SKIP_MODULES_PATTERNS", "vae\xc0\xaf"}}}) {  // an overlong '/'
+    const Status s = load_error(env);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument);
+    EXPECT_NE(s.message().find("is not UTF-8 text"), std::string::npos) << s.message();
+    EXPECT_NO_THROW((void)json(s.message()).dump()) << s.message();
+  }
+  EXPECT_NE(load_error({{"DDO_VERBOSE", "ma\x97ybe"}}).message().find("ma\\x97ybe"),
+            std::string::npos);
+  EXPECT_EQ(load_error({}, request("auto\x80")).code(), Code::kInvalidArgument);
+  // Variables outside ddo's prefix are not ddo's business; UTF-8 text of any script is fine.
+  const DynamicOffloadSettings s = load(
+      {{"LANG_X", "\xff"}, {"DDO_PINNED_WEIGHT_CACHE_NAMESPACE", "caf\xc3\xa9-\xf0\x9f\x98\x80"}});
+  EXPECT_EQ(s.config.pinned_weight_cache_namespace, "caf\xc3\xa9-\xf0\x9f\x98\x80");
+  EXPECT_NO_THROW((void)s.to_json().dump());
+}
+
 TEST(Settings, ProcessEnvSeesTheEnvironment) {
   ::setenv("DDO_SETTINGS_TEST_MARKER", "a=b", 1);
   const EnvMap env = process_env();
