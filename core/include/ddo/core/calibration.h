@@ -113,8 +113,8 @@ ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, do
 struct ProfileReport {
   std::string name;                                 ///< the profile name
   ProfileStatus status = ProfileStatus::kDisabled;  ///< where the profile stands
-  std::optional<double>
-      resident_budget_gb;  ///< the budget this run uses, when the profile decided it
+  /// The budget this run uses, when the profile decided it.
+  std::optional<double> resident_budget_gb;
   std::optional<std::string> budget_source;     ///< "calibration", "profile", "probe", "manual"
   std::optional<double> recommended_budget_gb;  ///< the saved value when another one is used
   std::optional<std::string> path;              ///< the profile's file

@@ -53,8 +53,9 @@ enum class Route {
   kNone,        ///< leave the component where the host put it
 };
 
-/// Whether enable_offload picks the resident budget itself from the free VRAM: off, or balanced
-/// (leave a headroom, cap at max_resident_module_budget_gb).
+/// How the resident budget is chosen when neither a manual budget nor a profile sets it: off
+/// (budget 0: everything streamable streams) or balanced (what the card holds after a headroom,
+/// the always-resident and move-once tensors and the staging area).
 enum class AutoBudgetPolicy { kOff, kBalanced };
 
 /// Order in which candidates are taken for a budget (resident modules, pinned weights).
@@ -66,7 +67,7 @@ struct DynamicOffloadConfig {
   /// Devices. "cuda:N" for a GPU; "sim" / "sim:N" for the host-simulation device; "cpu" is valid
   /// only for plan mode (calibration on cpu is an error, as the seed says).
   std::string execution_device = "cuda:0";
-  /// Where weights live when not on the execution device; only "cpu".
+  /// (spec) Accepted and reported; ddo keeps weights that are not on the device in host memory.
   std::string offload_device = "cpu";
 
   /// Module selection. Regexes, searched (not fully matched) in dotted module names.
@@ -97,7 +98,8 @@ struct DynamicOffloadConfig {
   double max_pin_weight_budget_gb = 0.0;          ///< 0 = none
   std::optional<double> available_system_ram_gb;  ///< unset = detected
   double system_ram_headroom_gb = 6.0;            ///< host RAM left free when pinning
-  /// GiB of streamed weights to pin; 0 = by ratio, else all that fit.
+  /// Bounds new pins, with pin_weight_budget_ratio and max_pin_weight_budget_gb (the smallest
+  /// bound that is set wins); 0 = no bound from this field.
   double pin_weight_budget_gb = 0.0;
   double pin_weight_budget_ratio = 0.0;  ///< clamped to [0, 1]
   /// Which weights are pinned first when not all can be.
@@ -147,8 +149,8 @@ struct Spelling {
 /// Every value of each enum with its spelling, in the order error messages list them.
 std::span<const Spelling<ExecutionMode>> execution_mode_spellings();
 std::span<const Spelling<Route>> route_spellings();  ///< see execution_mode_spellings
-std::span<const Spelling<AutoBudgetPolicy>>
-auto_budget_policy_spellings();                              ///< see execution_mode_spellings
+/// See execution_mode_spellings.
+std::span<const Spelling<AutoBudgetPolicy>> auto_budget_policy_spellings();
 std::span<const Spelling<Selection>> selection_spellings();  ///< see execution_mode_spellings
 
 /// The spelling of a value, from the tables above.

@@ -103,8 +103,8 @@ class Offload {
   /// One screen for humans.
   std::string summary() const;
   const core::Plan& plan() const;  ///< what the planner decided for every module and tensor
-  const core::DynamicOffloadSettings& settings()
-      const;  ///< the settings after preset, environment and overrides
+  /// The settings after preset, environment and overrides.
+  const core::DynamicOffloadSettings& settings() const;
   /// The device the offload executes on (null in plan mode).
   std::shared_ptr<engine::Device> device() const;
   /// Clears the per-run figures (bytes streamed, copy and wait time, peaks).
