@@ -268,8 +268,21 @@ struct CopyScheduler::Impl {
         std::max(stats.peak_in_flight_bytes, in_flight_bytes + acquired_bytes);
   }
 
+  // Note [A copy that fails]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The device may refuse a copy (a driver error; the simulation's SimFaults). The copy is
+  // submitted before the ring and the unit record it, so a refused copy changes nothing: the
+  // unit stays where it was and its region stays free. Before this order, a refused copy left the
+  // unit marked in flight with no copy behind it, and its next acquire returned stale bytes.
+  // An on-demand copy throws ddo::Error naming the unit, with the device's code and message: the
+  // op that needs the weight cannot run. A prefetch that fails only stops prefetching for now: the
+  // unit is copied on demand when it is acquired, where a failure that persists (CUDA errors are
+  // sticky) is raised to the caller that needs it; prefetching never fails an acquire of another
+  // unit, which would leave that unit acquired behind the caller's back.
+
   // Copies unit `id` into a new ring region on `stream`. A prefetch returns false when there is
-  // no room without dropping data the trace still expects; an on-demand copy throws instead.
+  // no room without dropping data the trace still expects, or when the device refuses the copy;
+  // an on-demand copy throws instead.
   bool issue_copy(int id, Stream stream, bool on_demand, std::int64_t seq) {
     Unit& u = units[id];
     std::size_t offset = 0;
@@ -288,6 +301,20 @@ struct CopyScheduler::Impl {
       device.stream_wait_event(stream, units[pending_wait_unit].release);
       copy_waited_release_seq = pending_wait_seq;
     }
+    if (options.time_copies) {
+      harvest_copy_timing(u);
+      u.copy_timing_pending = false;  // a sample still running is dropped, never waited for
+      u.pair ^= 1;
+      device.record_event(u.copy_starts[u.pair], stream);
+    }
+    // Before the ring and the unit change: see Note [A copy that fails].
+    const Status copied = device.copy_to_device_async(staging + offset, u.host, u.bytes, stream);
+    if (!copied.ok()) {
+      if (!on_demand) return false;
+      throw Error(copied.code(),
+                  internal::str_cat("copy scheduler: copying unit ", id, " (", u.bytes,
+                                    " bytes) to the device failed: ", copied.message()));
+    }
     const std::size_t slot = (ring_first + ring_count) % ring.size();
     ring[slot] = Region{offset, u.ring_bytes, id, RegionState::kInFlight, seq};
     ++ring_count;
@@ -296,14 +323,6 @@ struct CopyScheduler::Impl {
     u.slot = slot;
     u.offset = offset;
     in_flight_bytes += static_cast<std::int64_t>(u.bytes);
-
-    if (options.time_copies) {
-      harvest_copy_timing(u);
-      u.copy_timing_pending = false;  // a sample still running is dropped, never waited for
-      u.pair ^= 1;
-      device.record_event(u.copy_starts[u.pair], stream);
-    }
-    throw_if_error(device.copy_to_device_async(staging + offset, u.host, u.bytes, stream));
     device.record_event(u.copy_done(), stream);
     u.copy_timing_pending = options.time_copies;
     stats.bytes_copied += static_cast<std::int64_t>(u.bytes);

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "ddo/engine/device.h"
+#include "ddo/engine/sim_faults.h"
 
 namespace ddo::engine {
 namespace {
@@ -132,7 +133,8 @@ class SimStream {
 
 class SimDevice final : public Device {
  public:
-  explicit SimDevice(const SimDeviceOptions& options) : options_(options) {}
+  SimDevice(const SimDeviceOptions& options, std::shared_ptr<SimFaults> faults)
+      : options_(options), faults_(std::move(faults)) {}
 
   ~SimDevice() override {
     for (auto& [ptr, bytes] : device_allocs_) std::free(ptr);
@@ -153,6 +155,7 @@ class SimDevice final : public Device {
 
   Status allocate(std::size_t bytes, void** out) override {
     *out = nullptr;
+    DDO_RETURN_IF_ERROR(inject(SimFault::kAllocate, Code::kResourceExhausted, "allocate", bytes));
     std::lock_guard<std::mutex> lock(mu_);
     const auto requested = static_cast<std::int64_t>(bytes);
     if (used_bytes_ + requested > options_.capacity_bytes) {
@@ -191,6 +194,7 @@ class SimDevice final : public Device {
 
   Status allocate_host(std::size_t bytes, void** out) override {
     *out = nullptr;
+    DDO_RETURN_IF_ERROR(inject(SimFault::kPin, Code::kResourceExhausted, "allocate_host", bytes));
     std::lock_guard<std::mutex> lock(mu_);
     DDO_RETURN_IF_ERROR(reserve_pinned_locked(bytes, "allocate_host"));
     void* ptr = aligned_host_alloc(bytes, kHostAlignment);
@@ -217,6 +221,7 @@ class SimDevice final : public Device {
   }
 
   Status register_host(void* ptr, std::size_t bytes) override {
+    DDO_RETURN_IF_ERROR(inject(SimFault::kPin, Code::kResourceExhausted, "register_host", bytes));
     std::lock_guard<std::mutex> lock(mu_);
     if (registered_.count(ptr) != 0) {
       return Status(Code::kInvalidArgument, "register_host: this address is already registered");
@@ -251,16 +256,19 @@ class SimDevice final : public Device {
 
   Status copy_to_device_async(void* dst, const void* src, std::size_t bytes,
                               Stream stream) override {
+    DDO_RETURN_IF_ERROR(inject(SimFault::kCopy, Code::kUnavailable, "copy_to_device_async", bytes));
     return submit_copy(dst, src, bytes, stream);
   }
 
   Status copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    DDO_RETURN_IF_ERROR(inject(SimFault::kCopy, Code::kUnavailable, "copy_to_host", bytes));
     copy_now(dst, src, bytes);
     return {};
   }
 
   Status copy_on_device_async(void* dst, const void* src, std::size_t bytes,
                               Stream stream) override {
+    DDO_RETURN_IF_ERROR(inject(SimFault::kCopy, Code::kUnavailable, "copy_on_device_async", bytes));
     return submit_copy(dst, src, bytes, stream);
   }
 
@@ -352,6 +360,14 @@ class SimDevice final : public Device {
   }
 
  private:
+  // See sim_faults.h: a chosen call fails before it has any effect.
+  Status inject(SimFault kind, Code code, const char* call, std::size_t bytes) {
+    if (!faults_) return {};
+    return faults_->check(kind, code,
+                          internal::str_cat("simulated device ", options_.index, ": ", call, " of ",
+                                            bytes, " bytes failed"));
+  }
+
   Status submit_copy(void* dst, const void* src, std::size_t bytes, Stream stream) {
     if (bytes > 0 && (dst == nullptr || src == nullptr)) {
       return Status(Code::kInvalidArgument,
@@ -383,6 +399,7 @@ class SimDevice final : public Device {
   }
 
   const SimDeviceOptions options_;
+  const std::shared_ptr<SimFaults> faults_;  // null: no injected failures
   std::mutex mu_;
   std::int64_t used_bytes_ = 0;                           // guarded by mu_
   std::int64_t pinned_bytes_ = 0;                         // guarded by mu_
@@ -422,8 +439,49 @@ void SimStream::run() {
 
 }  // namespace
 
+void SimFaults::fail_nth(SimFault kind, std::int64_t nth, std::int64_t count) {
+  DDO_ASSERT(nth >= 1 && count >= 1, "SimFaults::fail_nth(", static_cast<int>(kind), ", ", nth,
+             ", ", count, "): nth and count start at 1");
+  const auto k = static_cast<std::size_t>(kind);
+  std::lock_guard<std::mutex> lock(mu_);
+  first_[k] = calls_[k] + nth;
+  last_[k] = first_[k] + count - 1;
+}
+
+void SimFaults::clear(SimFault kind) {
+  const auto k = static_cast<std::size_t>(kind);
+  std::lock_guard<std::mutex> lock(mu_);
+  first_[k] = last_[k] = 0;
+}
+
+std::int64_t SimFaults::calls(SimFault kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_[static_cast<std::size_t>(kind)];
+}
+
+std::int64_t SimFaults::injected(SimFault kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return injected_[static_cast<std::size_t>(kind)];
+}
+
+Status SimFaults::check(SimFault kind, Code code, std::string_view what) {
+  static constexpr const char* kNames[kKinds] = {"allocate", "pin", "copy"};
+  const auto k = static_cast<std::size_t>(kind);
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::int64_t call = ++calls_[k];
+  if (first_[k] == 0 || call < first_[k] || call > last_[k]) return {};
+  ++injected_[k];
+  return Status(code,
+                internal::str_cat(what, " (injected fault: ", kNames[k], " call ", call, ")"));
+}
+
 std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options) {
-  return std::make_unique<SimDevice>(options);
+  return std::make_unique<SimDevice>(options, nullptr);
+}
+
+std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options,
+                                        std::shared_ptr<SimFaults> faults) {
+  return std::make_unique<SimDevice>(options, std::move(faults));
 }
 
 }  // namespace ddo::engine
