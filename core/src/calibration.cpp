@@ -222,7 +222,9 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
 
   const std::optional<std::string> normalized =
       normalize_calibration_device(config.execution_device);
-  p.identity = ProfileIdentity{name, std::string(model_class)};
+  // The seed library keys a profile by its execution mode too: a dense calibration says nothing
+  // about an SDNQ run of the same name (Note [The seed library's files] in profile_store.cpp).
+  p.identity = ProfileIdentity{name, std::string(model_class), to_string(config.execution_mode)};
   p.record_path = store.path_for(p.identity);
   p.device = normalized.value_or(config.execution_device);
   p.sdnq = config.execution_mode == ExecutionMode::kSdnqRuntime;
@@ -260,6 +262,20 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
     return p;
   }
 
+  if (manual > 0) {
+    // Spec §3 override order and the seed library: a positive manual budget overrides profile
+    // reuse, so the profile is not even read and the report says "disabled", as the library's
+    // does. The fields after name and status are ddo's, saying why.
+    p.status = report.status = ProfileStatus::kDisabled;
+    p.resident_budget_gb = report.resident_budget_gb = manual;
+    report.budget_source = "manual";
+    report.notes.push_back(fmt::format(
+        "manual resident_module_budget_gb={} overrides profile reuse; profile '{}' was not read "
+        "(set the manual budget to 0 to use it)",
+        manual, name));
+    return p;
+  }
+
   const std::optional<ProfileRecord> record = store.load(p.identity);
   if (!record || !record->recommendation) {
     p.status = report.status = ProfileStatus::kMissing;
@@ -273,17 +289,6 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   report.profile_measurement_kind = rec.profile_measurement_kind;
   report.peak_vram_gb = rec.peak_vram_gb;
   p.status = report.status = ProfileStatus::kApplied;
-
-  if (manual > 0) {
-    // Spec §3 override order: a saved recommendation applies only where the manual budget is
-    // not positive.
-    p.resident_budget_gb = report.resident_budget_gb = manual;
-    report.budget_source = "manual";
-    report.notes.push_back(
-        fmt::format("manual resident_module_budget_gb={} overrides the saved recommendation of {}",
-                    manual, gb(rec.resident_budget_gb)));
-    return p;
-  }
 
   double budget = rec.resident_budget_gb;
   report.budget_source = "profile";

@@ -86,91 +86,52 @@ Status parse_context_record(const std::string& content, ContextRecord* record) {
   return ContextRecord::from_json(value, record);
 }
 
-// `prefix` names the observation in errors: "observations[3]." inside a record.
-Status context_observation_from_json(const json& value, const std::string& prefix,
-                                     ContextObservation* out) {
-  if (!value.is_object()) {
-    return data_loss(fmt::format("{} is not an object", prefix.substr(0, prefix.size() - 1)));
-  }
-  ContextObservation o;
-  auto success = value.find("success");
-  if (success == value.end() || !success->is_boolean()) {
-    return data_loss(fmt::format("{}success is missing or not a boolean", prefix));
-  }
-  o.success = success->get<bool>();
-  if (auto it = value.find("recorded_at"); it != value.end() && it->is_string()) {
-    o.recorded_at = it->get<std::string>();
-  }
-  if (auto it = value.find("metrics"); it != value.end()) {
-    if (!it->is_object()) return data_loss(fmt::format("{}metrics is not an object", prefix));
-    for (const auto& [metric, number] : it->items()) {
-      DDO_RETURN_IF_ERROR(checked_number(number, fmt::format("{}metrics.{}", prefix, metric),
-                                         kMetricRange, &o.metrics[metric]));
-    }
-  }
-  if (auto it = value.find("details"); it != value.end()) o.details = *it;
-  *out = std::move(o);
-  return Status::ok_status();
+// A caller's observation or recommendation: a JSON object, normalized and bounded like a context.
+json normalize_object(const json& value, const std::string& what) {
+  DDO_CHECK(value.is_object(), Code::kInvalidArgument, "a profile ", what,
+            " must be an object (a dict), not ", value.type_name());
+  return normalize_bounded(value, what);
+}
+
+// `where` names the context in errors: "context", "execution_context", "capacity_context".
+json normalize_context_as(const json& context, const std::string& where) {
+  DDO_CHECK(context.is_object() && !context.empty(), Code::kInvalidArgument, "a profile ", where,
+            " must be a non-empty object (a dict such as {\"model\": \"flux\", \"gpu\": "
+            "\"4090\"}), not ",
+            context.is_object() ? "an empty one" : context.type_name());
+  return normalize_bounded(context, where);
 }
 
 }  // namespace
 
 json normalize_context(const json& context) {
-  return normalize_bounded(context, "context");
+  return normalize_context_as(context, "context");
 }
 
 std::string context_key(const json& context) {
-  return sha256_hex(canonical_json(normalize_context(context))).substr(0, kProfileKeyHexDigits);
+  return capacity_key(normalize_context(context));
 }
 
 std::string context_file_name(std::string_view key) {
-  return fmt::format("{}{}.json", kContextFilePrefix, key);
+  return profile_file_name(key);
 }
 
 fs::path context_path(const fs::path& directory, const json& context) {
   return directory / context_file_name(context_key(context));
 }
 
-json ContextObservation::to_json() const {
-  return json{{"recorded_at", recorded_at},
-              {"success", success},
-              {"metrics", metrics},
-              {"details", details}};
-}
-
-Status ContextObservation::from_json(const json& value, ContextObservation* out) {
-  return context_observation_from_json(value, "observation.", out);
-}
-
-json ContextRecommendation::to_json() const {
-  return json{{"values", values}, {"conflicting", conflicting}};
-}
-
-ContextRecommendation recommend_from_capacity(const CapacityLimits& capacity) {
-  ContextRecommendation r;
-  for (const auto& [metric, limits] : capacity) {
-    if (!limits.max_success) continue;
-    // A success at or above a known failure means the limit is flaky; recommending either value
-    // would be a guess, so the metric is reported instead.
-    if (limits.min_failure && *limits.max_success >= *limits.min_failure) {
-      r.conflicting.push_back(metric);
-      continue;
-    }
-    r.values[metric] = *limits.max_success;
-  }
-  return r;
-}
-
 json ContextRecord::to_json() const {
-  json history = json::array();
-  for (const ContextObservation& o : observations) history.push_back(o.to_json());
-  return json{{"schema_version", kContextSchemaVersion},
-              {"context_key", context_key},
-              {"updated_at", updated_at},
-              {"context", context},
-              {"observations", std::move(history)},
-              {"capacity", limits_to_json(capacity)},
-              {"recommendation", recommend_from_capacity(capacity).to_json()}};
+  json out{{"schema_version", kContextSchemaVersion},
+           {"profile_key", context_key},
+           {"updated_at", updated_at},
+           {"context", context},
+           {"observations", observations},
+           {"capacity_limits", limits_to_json(capacity)}};
+  if (recommendation) out["recommendation"] = *recommendation;
+  for (const auto& [key, item] : extra.items()) {
+    if (!out.contains(key)) out[key] = item;
+  }
+  return out;
 }
 
 Status ContextRecord::from_json(const json& value, ContextRecord* out) {
@@ -182,9 +143,9 @@ Status ContextRecord::from_json(const json& value, ContextRecord* out) {
                                     "record the context again"));
   ContextRecord r;
   auto context = value.find("context");
-  auto key = value.find("context_key");
+  auto key = value.find("profile_key");
   if (context == value.end() || key == value.end() || !key->is_string()) {
-    return data_loss("context or context_key is missing");
+    return data_loss("context or profile_key is missing");
   }
   try {
     r.context = normalize_context(*context);
@@ -193,7 +154,7 @@ Status ContextRecord::from_json(const json& value, ContextRecord* out) {
     return data_loss(e.what());
   }
   if (r.context_key != key->get<std::string>()) {
-    return data_loss("context_key does not match the stored context");
+    return data_loss("profile_key does not match the stored context");
   }
   if (auto it = value.find("updated_at"); it != value.end() && it->is_string()) {
     r.updated_at = it->get<std::string>();
@@ -201,14 +162,25 @@ Status ContextRecord::from_json(const json& value, ContextRecord* out) {
   if (auto it = value.find("observations"); it != value.end()) {
     if (!it->is_array()) return data_loss("observations is not an array");
     for (std::size_t i = 0; i < it->size(); ++i) {
-      ContextObservation o;
-      DDO_RETURN_IF_ERROR(
-          context_observation_from_json((*it)[i], fmt::format("observations[{}].", i), &o));
-      r.observations.push_back(std::move(o));
+      if (!(*it)[i].is_object()) {
+        return data_loss(fmt::format("observations[{}] is not an object", i));
+      }
+      r.observations.push_back((*it)[i]);
     }
   }
-  if (auto it = value.find("capacity"); it != value.end()) {
+  if (auto it = value.find("capacity_limits"); it != value.end()) {
     DDO_RETURN_IF_ERROR(limits_from_json(*it, &r.capacity));
+  }
+  if (auto it = value.find("recommendation"); it != value.end() && !it->is_null()) {
+    // The library stores any object and its reader hands back only objects; keep whatever is
+    // there so a rewrite loses nothing, and let readers check the type.
+    r.recommendation = *it;
+  }
+  for (const auto& [k, item] : value.items()) {
+    if (k != "schema_version" && k != "profile_key" && k != "updated_at" && k != "context" &&
+        k != "observations" && k != "capacity_limits" && k != "recommendation") {
+      r.extra[k] = item;
+    }
   }
   *out = std::move(r);
   return Status::ok_status();
@@ -245,21 +217,29 @@ std::optional<ContextRecord> HostContextStore::load(const json& context) const {
   return record;
 }
 
-Status HostContextStore::record_observation(const json& context,
-                                            const ContextObservation& observation,
-                                            bool keep_history) {
+Status HostContextStore::record_observation(const json& context, const json& observation,
+                                            const std::optional<json>& recommendation) {
   const json normalized = normalize_context(context);
-  for (const auto& [metric, value] : observation.metrics) {
-    // The range a reader accepts (kMetricRange): a metric written must read back.
+  json stored;
+  std::optional<json> stored_recommendation;
+  try {
+    stored = normalize_object(observation, "observation");
+    if (recommendation) stored_recommendation = normalize_object(*recommendation, "recommendation");
+  } catch (const Error& e) {
+    return e.status();
+  }
+  // A limit this observation sets must read back (kMetricRange), or the file would be unreadable.
+  CapacityLimits moved;
+  update_limits_from_observation(moved, stored);
+  for (const auto& [metric, limits] : moved) {
+    const double value = limits.max_success.value_or(limits.min_failure.value_or(0.0));
     if (!(value >= kMetricRange.min && value <= kMetricRange.max)) {
       return Status(Code::kInvalidArgument,
-                    fmt::format("observation metric '{}' is {}; record finite numbers of at most "
-                                "2^53 in magnitude",
+                    fmt::format("observation capacity '{}' is {}; record capacity values of at "
+                                "most 2^53 in magnitude",
                                 metric, value));
     }
   }
-  ContextObservation stored = observation;
-  stored.details = normalize_bounded(observation.details, "details");
   const std::string key = context_key(normalized);
   const fs::path path = path_for(normalized);
   const WarningSink& warn = options_.warn;
@@ -287,18 +267,14 @@ Status HostContextStore::record_observation(const json& context,
       record.context_key = key;
     }
     record.updated_at = utc_now_iso8601();
-    if (stored.recorded_at.empty()) stored.recorded_at = record.updated_at;
-    for (const auto& [metric, value] : stored.metrics) {
-      update_limits(record.capacity, metric, value, stored.success);
+    update_limits_from_observation(record.capacity, stored);
+    record.observations.push_back(stored);
+    if (record.observations.size() > kMaxContextObservations) {
+      record.observations.erase(
+          record.observations.begin(),
+          record.observations.end() - static_cast<std::ptrdiff_t>(kMaxContextObservations));
     }
-    if (keep_history) {
-      record.observations.push_back(stored);
-      if (record.observations.size() > kMaxContextObservations) {
-        record.observations.erase(
-            record.observations.begin(),
-            record.observations.end() - static_cast<std::ptrdiff_t>(kMaxContextObservations));
-      }
-    }
+    if (stored_recommendation) record.recommendation = *stored_recommendation;
     *next = record.to_json().dump(2) + "\n";
     return Status::ok_status();
   };
@@ -310,10 +286,6 @@ CapacityLimits HostContextStore::read_capacity(const json& context) const {
   return record ? record->capacity : CapacityLimits{};
 }
 
-ContextRecommendation HostContextStore::read_recommendation(const json& context) const {
-  return recommend_from_capacity(read_capacity(context));
-}
-
 // ---------------------------------------------------------------------------------------------
 // DynamicOffloadProfileSession.
 // ---------------------------------------------------------------------------------------------
@@ -322,8 +294,8 @@ DynamicOffloadProfileSession::DynamicOffloadProfileSession(HostContextStore stor
                                                            const json& execution_context,
                                                            const json& capacity_context)
     : store_(std::move(store)),
-      execution_context_(normalize_bounded(execution_context, "execution_context")),
-      capacity_context_(normalize_bounded(capacity_context, "capacity_context")) {}
+      execution_context_(normalize_context_as(execution_context, "execution_context")),
+      capacity_context_(normalize_context_as(capacity_context, "capacity_context")) {}
 
 std::string DynamicOffloadProfileSession::execution_key() const {
   return context_key(execution_context_);
@@ -338,23 +310,20 @@ fs::path DynamicOffloadProfileSession::capacity_path() const {
   return store_.path_for(capacity_context_);
 }
 
-Status DynamicOffloadProfileSession::record(const ContextObservation& observation) {
-  DDO_RETURN_IF_ERROR(store_.record_observation(execution_context_, observation, true));
-  // When both contexts are the same, the one file already holds the limits.
+Status DynamicOffloadProfileSession::record_success(const json& observation,
+                                                    const std::optional<json>& recommendation) {
+  DDO_RETURN_IF_ERROR(store_.record_observation(execution_context_, observation, recommendation));
+  // When both contexts are the same, the one file already holds the observation.
   if (capacity_context_ == execution_context_) return Status::ok_status();
-  return store_.record_observation(capacity_context_, observation, /*keep_history=*/false);
+  return store_.record_observation(capacity_context_, observation);
 }
 
 std::optional<ContextRecord> DynamicOffloadProfileSession::execution_record() const {
   return store_.load(execution_context_);
 }
 
-CapacityLimits DynamicOffloadProfileSession::capacity() const {
-  return store_.read_capacity(capacity_context_);
-}
-
-ContextRecommendation DynamicOffloadProfileSession::recommendation() const {
-  return recommend_from_capacity(capacity());
+std::optional<ContextRecord> DynamicOffloadProfileSession::capacity_record() const {
+  return store_.load(capacity_context_);
 }
 
 }  // namespace ddo::core

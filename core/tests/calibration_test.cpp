@@ -193,7 +193,8 @@ TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplac
   }
   EXPECT_TRUE(says_not_validated);
   {
-    std::optional<ProfileRecord> record = store().load({"my-workload", std::string(kClass)});
+    std::optional<ProfileRecord> record =
+        store().load({"my-workload", std::string(kClass), "sdnq_runtime"});
     ASSERT_TRUE(record && record->recommendation);
     EXPECT_TRUE(record->recommendation->probe_pending);
     EXPECT_NEAR(*record->recommendation->safe_budget_gb, 2.5, 1e-9);
@@ -218,7 +219,8 @@ TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplac
   EXPECT_EQ(after.status, ProfileStatus::kApplied);
   EXPECT_EQ(after.region, RegionAction::kNone);
   EXPECT_NEAR(*after.resident_budget_gb, 2.6, 1e-9);
-  std::optional<ProfileRecord> record = s.load({"my-workload", std::string(kClass)});
+  std::optional<ProfileRecord> record =
+      s.load({"my-workload", std::string(kClass), "sdnq_runtime"});
   ASSERT_TRUE(record.has_value());
   EXPECT_EQ(record->observations.size(), 2u);
   EXPECT_FALSE(record->recommendation->probe_pending);
@@ -233,18 +235,31 @@ TEST_F(CalibrationTest, SdnqBaselineWithLittleRoomIsSafe) {
   EXPECT_NEAR(*report.resident_budget_gb, 0.83, 1e-6);
 }
 
-TEST_F(CalibrationTest, ManualBudgetBeatsASavedRecommendation) {
+// The seed library, run: a positive manual budget with a saved profile reports
+// {"name": ..., "status": "disabled"} and does not load the profile. ddo says the same and adds
+// why (issue 17: it used to say "applied" with budget_source "manual").
+TEST_F(CalibrationTest, ManualBudgetDisablesProfileReuse) {
   calibrate(6.0);  // saves 1 GiB
   config_.resident_module_budget_gb = 2.0;
   ProfileStore s = store();
   PreparedProfile prepared = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(prepared.status, ProfileStatus::kDisabled);
   EXPECT_NEAR(*prepared.resident_budget_gb, 2.0, 1e-9);
   EXPECT_EQ(prepared.region, RegionAction::kNone);
   json j = prepared.report.to_json();
+  EXPECT_EQ(j["name"], "my-workload");
+  EXPECT_EQ(j["status"], "disabled");
   EXPECT_EQ(j["budget_source"], "manual");
-  EXPECT_NEAR(j["recommended_budget_gb"].get<double>(), 1.0, 1e-9);
+  EXPECT_FALSE(j.contains("recommended_budget_gb"));  // not read
   ASSERT_EQ(j["notes"].size(), 1u);
-  EXPECT_NE(j["notes"][0].get<std::string>().find("overrides"), std::string::npos);
+  EXPECT_NE(j["notes"][0].get<std::string>().find("overrides profile reuse"), std::string::npos);
+
+  // Not read at all: an unreadable file gives no warning either.
+  fs::path path = s.path_for(prepared.identity);
+  std::ofstream(path, std::ios::trunc) << "{broken";
+  warnings_.clear();
+  EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kDisabled);
+  EXPECT_TRUE(warnings_.empty());
 }
 
 TEST_F(CalibrationTest, ManualBudgetIsIgnoredWhileCalibrating) {
@@ -296,13 +311,25 @@ TEST_F(CalibrationTest, AbortedProbeKeepsThePendingProbe) {
   EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kProbing);
 }
 
-TEST_F(CalibrationTest, PendingProbeOnADenseRunAppliesTheSafeBudget) {
+// The execution mode is part of the identity (the seed library's identity version 2): an SDNQ
+// profile is not found by a dense run of the same name.
+TEST_F(CalibrationTest, TheExecutionModeIsPartOfTheIdentity) {
   config_.execution_mode = ExecutionMode::kSdnqRuntime;
   calibrate(4.5);
   config_.execution_mode = ExecutionMode::kLinearRuntime;
   ProfileStore s = store();
-  PreparedProfile prepared = prepare_profile(config_, kClass, s, kCard8);
+  EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kMissing);
+}
+
+TEST_F(CalibrationTest, PendingProbeARunCannotProbeAppliesTheSafeBudget) {
+  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  calibrate(4.5);
+  ProfileStore s = store();
+  const DeviceFacts host{.is_cuda_like = false, .total_vram_bytes = 0};
+  config_.execution_device = "cpu";
+  PreparedProfile prepared = prepare_profile(config_, kClass, s, host);
   EXPECT_EQ(prepared.status, ProfileStatus::kApplied);
+  EXPECT_EQ(prepared.region, RegionAction::kNone);
   EXPECT_NEAR(*prepared.resident_budget_gb, 2.5, 1e-9);
 }
 

@@ -221,9 +221,9 @@ TEST_F(HostileFilesTest, VersionsTooLargeFor32BitsAreRejected) {
     EXPECT_FALSE(s.load(id_).has_value()) << version;
   }
   json damaged = profile;
-  damaged["identity"]["identity_version"] = 4294967297ULL;
+  damaged["context"]["identity_version"] = 4294967297ULL;
   write_all(s.path_for(id_), damaged.dump());
-  EXPECT_NE(s.list()[0].problem.find("identity.identity_version is 4294967297"), std::string::npos)
+  EXPECT_NE(s.list()[0].problem.find("context.identity_version is 4294967297"), std::string::npos)
       << s.list()[0].problem;
 }
 
@@ -238,8 +238,10 @@ TEST_F(HostileFilesTest, EveryNumberIsRangeCheckedAndTheErrorNamesFieldAndRange)
     const char* field;
   };
   const std::vector<Case> cases = {
-      {"/recommendation/resident_budget_gb", 1e308, "recommendation.resident_budget_gb is 1e+308"},
-      {"/recommendation/resident_budget_gb", -1.0, "recommendation.resident_budget_gb is -1.0"},
+      {"/recommendation/profile_resident_module_budget_gb", 1e308,
+       "recommendation.profile_resident_module_budget_gb is 1e+308"},
+      {"/recommendation/profile_resident_module_budget_gb", -1.0,
+       "recommendation.profile_resident_module_budget_gb is -1.0"},
       {"/recommendation/peak_vram_gb", 2e6, "recommendation.peak_vram_gb"},
       {"/recommendation/total_vram_gb", "8", "recommendation.total_vram_gb is string"},
       {"/recommendation/headroom_gb", -0.5, "recommendation.headroom_gb"},
@@ -250,8 +252,8 @@ TEST_F(HostileFilesTest, EveryNumberIsRangeCheckedAndTheErrorNamesFieldAndRange)
       {"/observations/0/peak_vram_gb", 1e308, "observations[0].peak_vram_gb"},
       {"/observations/0/resident_budget_gb", -2, "observations[0].resident_budget_gb"},
       {"/observations/0/recommended_budget_gb", true, "observations[0].recommended_budget_gb"},
-      {"/capacity/resident_budget_gb/max_success", 1e300,
-       "capacity.resident_budget_gb.max_success"},
+      {"/capacity_limits/resident_budget_gb/max_success", 1e300,
+       "capacity_limits.resident_budget_gb.max_success"},
   };
   for (const Case& c : cases) {
     json damaged = profile;
@@ -379,7 +381,7 @@ class HostileContextTest : public HostileFilesTest {
 
 // Before: a caller's context 100,000 deep overflowed the stack while being normalized.
 TEST_F(HostileContextTest, DeepOrHugeContextsAreRejectedNamingTheBound) {
-  const json deep = json::parse(nested_arrays(2000));
+  const json deep = {{"x", json::parse(nested_arrays(2000))}};
   try {
     (void)normalize_context(deep);
     FAIL() << "a context 2000 deep";
@@ -388,19 +390,19 @@ TEST_F(HostileContextTest, DeepOrHugeContextsAreRejectedNamingTheBound) {
     EXPECT_NE(std::string(e.what()).find("nested more than 64 levels"), std::string::npos)
         << e.what();
   }
-  EXPECT_NO_THROW((void)normalize_context(json::parse(nested_arrays(kMaxJsonDepth))));
+  // The context object is the first level.
+  EXPECT_NO_THROW(
+      (void)normalize_context(json{{"x", json::parse(nested_arrays(kMaxJsonDepth - 1))}}));
   const json huge{{"prompt", std::string(kMaxContextBytes, 'x')}};
   EXPECT_THROW((void)normalize_context(huge), Error);
-  ContextObservation o;
-  o.metrics["resident_budget_gb"] = 4.0;
-  o.details = json::parse(nested_arrays(2000));
-  EXPECT_THROW((void)contexts().record_observation(context_, o), Error);
+  json o = {{"status", "success"}, {"details", json::parse(nested_arrays(2000))}};
+  EXPECT_EQ(contexts().record_observation(context_, o).code(), Code::kInvalidArgument);
 }
 
 TEST_F(HostileContextTest, DamagedContextFilesAreIgnoredNamingTheFieldAndNeverCrash) {
   HostContextStore store = contexts();
-  ContextObservation o;
-  o.metrics["resident_budget_gb"] = 4.0;
+  json o = {{"status", "success"},
+            {"capacity", {{"metric", "resident_budget_gb"}, {"value", 4.0}}}};
   ASSERT_TRUE(store.record_observation(context_, o).ok());
   const fs::path path = store.path_for(context_);
   const json saved = json::parse(read_all(path));
@@ -422,11 +424,11 @@ TEST_F(HostileContextTest, DamagedContextFilesAreIgnoredNamingTheFieldAndNeverCr
   EXPECT_TRUE(warned("schema_version is 4294967297")) << ::testing::PrintToString(warnings_);
 
   damaged = saved;
-  damaged["observations"][0]["metrics"]["resident_budget_gb"] = 1e300;
+  damaged["capacity_limits"]["resident_budget_gb"]["max_success"] = 1e300;
   write_all(path, damaged.dump());
   warnings_.clear();
   EXPECT_FALSE(store.load(context_).has_value());
-  EXPECT_TRUE(warned("observations[0].metrics.resident_budget_gb is 1e+300"))
+  EXPECT_TRUE(warned("capacity_limits.resident_budget_gb.max_success is 1e+300"))
       << ::testing::PrintToString(warnings_);
 
   // Recording over the damaged file keeps it, under a name of its own each time.
@@ -436,7 +438,7 @@ TEST_F(HostileContextTest, DamagedContextFilesAreIgnoredNamingTheFieldAndNeverCr
   EXPECT_EQ(json::parse(read_all(path.string() + ".invalid")), damaged);
   EXPECT_EQ(read_all(path.string() + ".invalid-2"), "{broken");
 
-  o.metrics["resident_budget_gb"] = 1e300;  // would not read back
+  o["capacity"]["value"] = 1e300;  // its limit would not read back
   EXPECT_EQ(store.record_observation(context_, o).code(), Code::kInvalidArgument);
 }
 

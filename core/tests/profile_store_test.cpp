@@ -74,18 +74,25 @@ class ProfileStoreTest : public ::testing::Test {
   ProfileIdentity id_{"video-5s", "demo::Transformer"};
 };
 
-TEST(ProfileKeyTest, KeyIsStableHexAndFileNameIsPrefixed) {
+TEST(ProfileKeyTest, KeyIsTheSeedLibrarysCapacityKey) {
   ProfileIdentity id{"video-5s", "demo::Transformer"};
+  EXPECT_EQ(id.execution_mode, "linear_runtime");
   const std::string key = profile_key(id);
   EXPECT_TRUE(is_valid_profile_key(key)) << key;
   EXPECT_EQ(key, profile_key(id));
-  // The key is the first 32 hex digits of the identity's canonical JSON, keys sorted.
+  // The key is "ddo-capacity-v1-" and the first 24 hex digits of the identity's canonical JSON,
+  // keys sorted (the seed library's identity version 2).
   EXPECT_EQ(canonical_json(id.to_json()),
-            R"({"identity_version":1,"model_class":"demo::Transformer","name":"video-5s"})");
-  EXPECT_EQ(key, sha256_hex(canonical_json(id.to_json())).substr(0, 32));
-  EXPECT_EQ(profile_file_name(key), "ddo-profile-" + key + ".json");
+            R"({"execution_mode":"linear_runtime","identity_version":2,)"
+            R"("model_class":"demo::Transformer","name":"video-5s"})");
+  EXPECT_EQ(key, "ddo-capacity-v1-" + sha256_hex(canonical_json(id.to_json())).substr(0, 24));
+  EXPECT_EQ(profile_file_name(key), key + ".json");
   EXPECT_NE(key, profile_key({"video-8s", "demo::Transformer"}));
   EXPECT_NE(key, profile_key({"video-5s", "demo::UNet"}));
+  EXPECT_NE(key, profile_key({"video-5s", "demo::Transformer", "sdnq_runtime"}));
+  // The seed library's key for {name "w", class "Tiny", linear_runtime}, from running it.
+  EXPECT_EQ(profile_key({"w", "Tiny", "linear_runtime"}),
+            "ddo-capacity-v1-2ed0ac89568814f093f629b0");
 }
 
 TEST(ProfileKeyTest, Sha256MatchesKnownVector) {
@@ -93,10 +100,13 @@ TEST(ProfileKeyTest, Sha256MatchesKnownVector) {
 }
 
 TEST(ProfileKeyTest, RejectsKeysThatAreNotHex) {
+  const std::string prefix(kProfileFilePrefix);
   EXPECT_FALSE(is_valid_profile_key("../../etc/passwd"));
-  EXPECT_FALSE(is_valid_profile_key(std::string(31, 'a')));
-  EXPECT_FALSE(is_valid_profile_key(std::string(32, 'A')));
-  EXPECT_TRUE(is_valid_profile_key(std::string(32, 'a')));
+  EXPECT_FALSE(is_valid_profile_key(prefix + "../../etc/passwd"));
+  EXPECT_FALSE(is_valid_profile_key(prefix + std::string(23, 'a')));
+  EXPECT_FALSE(is_valid_profile_key(prefix + std::string(24, 'A')));
+  EXPECT_FALSE(is_valid_profile_key(std::string(24, 'a')));
+  EXPECT_TRUE(is_valid_profile_key(prefix + std::string(24, 'a')));
 }
 
 TEST(ProfileDirTest, ResolvesFromEnvMap) {
@@ -104,6 +114,10 @@ TEST(ProfileDirTest, ResolvesFromEnvMap) {
   EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", ""}, {"HOME", "/h"}}),
             fs::path("/h") / ".ddo" / "profiles");
   EXPECT_EQ(resolve_profile_dir({{"USERPROFILE", "/u"}}), fs::path("/u") / ".ddo" / "profiles");
+  // "~" is the home folder, as the seed library's expanduser reads DDO_PROFILE_DIR.
+  EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "~/p"}, {"HOME", "/h"}}), fs::path("/h/p"));
+  EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "~"}, {"HOME", "/h"}}), fs::path("/h"));
+  EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "/a/~b"}, {"HOME", "/h"}}), fs::path("/a/~b"));
   try {
     (void)resolve_profile_dir({});
     FAIL() << "expected an error without HOME";
@@ -130,18 +144,23 @@ TEST_F(ProfileStoreTest, SaveThenLoadRoundTrips) {
   ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());
   const fs::path path = store.path_for(id_);
   EXPECT_EQ(path.parent_path(), dir_);
-  EXPECT_EQ(path.filename().string(), "ddo-profile-" + profile_key(id_) + ".json");
+  EXPECT_EQ(path.filename().string(), profile_key(id_) + ".json");
 
+  // The seed library's layout (Note [The seed library's files]) with ddo's fields beside.
   json file = json::parse(read_all(path));
   EXPECT_EQ(file["schema_version"], kProfileSchemaVersion);
   EXPECT_EQ(file["profile_key"], profile_key(id_));
-  EXPECT_EQ(file["identity"]["name"], "video-5s");
-  EXPECT_EQ(file["identity"]["model_class"], "demo::Transformer");
-  EXPECT_EQ(file["recommendation"]["resident_budget_gb"], 1.0);
+  EXPECT_EQ(file["context"], id_.to_json());
+  EXPECT_EQ(file["context"]["name"], "video-5s");
+  EXPECT_EQ(file["context"]["model_class"], "demo::Transformer");
+  EXPECT_EQ(file["recommendation"]["profile_resident_module_budget_gb"], 1.0);
+  EXPECT_FALSE(file["recommendation"].contains("sdnq_probe_resident_budget_gb"));
   EXPECT_EQ(file["recommendation"]["profile_measurement_kind"], "baseline");
   EXPECT_TRUE(file["updated_at"].get<std::string>().ends_with("Z"));
   EXPECT_EQ(file["observations"].size(), 1u);
-  EXPECT_EQ(file["capacity"]["resident_budget_gb"]["max_success"], 0.0);
+  EXPECT_EQ(file["observations"][0]["status"], "success");
+  EXPECT_EQ(file["capacity_limits"]["resident_budget_gb"]["max_success"], 0.0);
+  EXPECT_FALSE(file["capacity_limits"]["resident_budget_gb"].contains("min_failure"));
 
   std::optional<ProfileRecord> record = store.load(id_);
   ASSERT_TRUE(record.has_value());
@@ -193,7 +212,7 @@ TEST_F(ProfileStoreTest, BadFilesAreIgnoredWithAWarning) {
   json old_schema = json::parse(good);
   old_schema["schema_version"] = 0;
   json other_identity = json::parse(good);
-  other_identity["identity"]["name"] = "someone-else";
+  other_identity["context"]["name"] = "someone-else";
   other_identity["profile_key"] = profile_key({"someone-else", "demo::Transformer"});
   json bad_kind = json::parse(good);
   bad_kind["recommendation"]["profile_measurement_kind"] = "guess";
@@ -331,9 +350,15 @@ TEST_F(ProfileStoreTest, ListShowsReadableRowsAndFlagsBadFiles) {
   ProfileStore store = make_store();
   ASSERT_TRUE(store.save({"b-workload", "demo::UNet"}, observation(5), recommendation(2)).ok());
   ASSERT_TRUE(store.save(id_, observation(6), recommendation(1)).ok());
-  const std::string bad_key(32, 'f');
+  const std::string bad_key = std::string(kProfileFilePrefix) + std::string(24, 'f');
   write_all(store.path_for_key(bad_key), "{oops");
   write_all(dir_ / "unrelated.json", "{}");
+  // A host context shares the folder and the key space; it is not a named profile row.
+  const json context = {{"model", "flux"}};
+  write_all(
+      dir_ / profile_file_name(capacity_key(context)),
+      json{{"schema_version", 1}, {"profile_key", capacity_key(context)}, {"context", context}}
+          .dump());
 
   std::vector<ProfileListing> rows = store.list();
   ASSERT_EQ(rows.size(), 3u);
@@ -397,6 +422,88 @@ TEST(ProfileRecommendationTest, CandidateComputeRoundTripsAndIsChecked) {
   const Status status = ProfileRecommendation::from_json(bad, &back);
   EXPECT_EQ(status.code(), Code::kDataLoss);
   EXPECT_NE(status.message().find("transformer_blocks.0"), std::string::npos) << status.message();
+}
+
+}  // namespace
+}  // namespace ddo::core
+
+namespace ddo::core {
+namespace {
+
+// A named profile exactly as the seed library writes it (its calibration run with a faked CUDA
+// memory reading; python/tests/test_compat.py makes the same file through the library itself).
+constexpr const char* kLibraryFile = R"({
+  "capacity_limits": {},
+  "context": {"execution_mode": "linear_runtime", "identity_version": 2, "model_class": "Tiny",
+              "name": "w"},
+  "observations": [{"headroom_gb": 1.0, "measurement": "cuda_driver_peak_sampled_plus_allocator",
+                    "peak_vram_gb": 20.0, "profile_measurement_kind": "baseline",
+                    "status": "success", "total_vram_gb": 24.0}],
+  "profile_key": "ddo-capacity-v1-2ed0ac89568814f093f629b0",
+  "recommendation": {"profile_resident_module_budget_gb": 3.0},
+  "schema_version": 1,
+  "updated_at": "2026-12-03T12:18:01.384093+00:00"
+})";
+
+TEST(ProfileRecordTest, ReadsTheSeedLibrarysFile) {
+  ProfileRecord record;
+  ASSERT_TRUE(ProfileRecord::from_json(json::parse(kLibraryFile), &record).ok());
+  EXPECT_EQ(record.identity, (ProfileIdentity{"w", "Tiny", "linear_runtime"}));
+  ASSERT_TRUE(record.recommendation.has_value());
+  EXPECT_EQ(record.recommendation->resident_budget_gb, 3.0);
+  EXPECT_EQ(record.recommendation->profile_measurement_kind, "baseline");
+  EXPECT_EQ(record.recommendation->peak_vram_gb, 20.0);  // from its observation
+  EXPECT_EQ(record.recommendation->total_vram_gb, 24.0);
+  EXPECT_FALSE(record.recommendation->probe_pending);
+  ASSERT_EQ(record.observations.size(), 1u);
+  EXPECT_EQ(record.observations[0].measurement, "cuda_driver_peak_sampled_plus_allocator");
+  // Written back, the library's fields are all there.
+  const json back = record.to_json();
+  EXPECT_EQ(back["recommendation"]["profile_resident_module_budget_gb"], 3.0);
+  EXPECT_EQ(back["context"], json::parse(kLibraryFile)["context"]);
+  EXPECT_EQ(back["profile_key"], "ddo-capacity-v1-2ed0ac89568814f093f629b0");
+}
+
+TEST(ProfileRecordTest, ALibraryPendingProbeIsAPendingProbe) {
+  json file = json::parse(kLibraryFile);
+  file["context"]["execution_mode"] = "sdnq_runtime";
+  file["profile_key"] = capacity_key(file["context"]);
+  file["observations"][0]["profile_measurement_kind"] = "sdnq_baseline_probe_pending";
+  file["recommendation"] = {{"profile_resident_module_budget_gb", 6.0},
+                            {"sdnq_probe_resident_budget_gb", 6.0}};
+  ProfileRecord record;
+  ASSERT_TRUE(ProfileRecord::from_json(file, &record).ok());
+  ASSERT_TRUE(record.recommendation.has_value());
+  EXPECT_TRUE(record.recommendation->probe_pending);
+  EXPECT_EQ(record.recommendation->probe_budget_gb, 6.0);
+  EXPECT_EQ(record.recommendation->profile_measurement_kind, "sdnq_baseline_probe_pending");
+  // And ddo's pending probe is one for the library: the same two keys.
+  const json rec = record.recommendation->to_json();
+  EXPECT_EQ(rec["sdnq_probe_resident_budget_gb"], 6.0);
+  EXPECT_EQ(rec["profile_resident_module_budget_gb"], 6.0);
+}
+
+TEST(ProfileRecordTest, UnknownFieldsOfOtherWritersSurviveARewrite) {
+  json file = json::parse(kLibraryFile);
+  file["future_field"] = {{"a", 1}};
+  file["recommendation"]["library_note"] = "x";
+  file["observations"][0]["library_detail"] = 7;
+  ProfileRecord record;
+  ASSERT_TRUE(ProfileRecord::from_json(file, &record).ok());
+  const json back = record.to_json();
+  EXPECT_EQ(back["future_field"], file["future_field"]);
+  EXPECT_EQ(back["recommendation"]["library_note"], "x");
+  EXPECT_EQ(back["observations"][0]["library_detail"], 7);
+}
+
+TEST(ProfileRecordTest, AHostContextFileIsNotANamedProfile) {
+  const json context = {{"model", "flux"}};
+  ProfileRecord record;
+  const Status status = ProfileRecord::from_json(
+      json{{"schema_version", 1}, {"profile_key", capacity_key(context)}, {"context", context}},
+      &record);
+  EXPECT_EQ(status.code(), Code::kDataLoss);
+  EXPECT_NE(status.message().find("not a named profile"), std::string::npos) << status.message();
 }
 
 }  // namespace

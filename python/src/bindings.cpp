@@ -114,8 +114,9 @@ fs::path profile_dir_from(const std::optional<std::string>& directory) {
   return core::resolve_profile_dir(core::process_env());
 }
 
-core::ProfileIdentity identity_of(const std::string& name, const std::string& model_class) {
-  return core::ProfileIdentity{name, model_class};
+core::ProfileIdentity identity_of(const std::string& name, const std::string& model_class,
+                                  const std::string& execution_mode) {
+  return core::ProfileIdentity{name, model_class, execution_mode};
 }
 
 py::object record_or_none(const std::optional<core::ProfileRecord>& record) {
@@ -126,24 +127,6 @@ py::object record_or_none(const std::optional<core::ProfileRecord>& record) {
 // -------------------------------------------------------------------------------------------
 // Legacy host contexts.
 // -------------------------------------------------------------------------------------------
-
-core::ContextObservation observation_from(py::handle metrics, bool success, py::handle details) {
-  core::ContextObservation observation;
-  json m = to_json(metrics, "metrics");
-  if (!m.is_object()) {
-    throw py::type_error("metrics must be a dict of metric name to number");
-  }
-  for (const auto& [key, value] : m.items()) {
-    if (!value.is_number()) {
-      throw py::type_error("metrics['" + key + "'] must be a number, not " +
-                           std::string(value.type_name()));
-    }
-    observation.metrics[key] = value.get<double>();
-  }
-  observation.success = success;
-  if (!details.is_none()) observation.details = to_json(details, "details");
-  return observation;
-}
 
 py::object context_record_or_none(const std::optional<core::ContextRecord>& record) {
   if (!record) return py::none();
@@ -399,10 +382,12 @@ PYBIND11_MODULE(_C, m) {
       "DDO_PROFILE_DIR when set, else ~/.ddo/profiles (the C++ store's rule).");
   m.def(
       "profile_key",
-      [](const std::string& name, const std::string& model_class) {
-        return ddo::core::profile_key(ddo::python::identity_of(name, model_class));
+      [](const std::string& name, const std::string& model_class,
+         const std::string& execution_mode) {
+        return ddo::core::profile_key(ddo::python::identity_of(name, model_class, execution_mode));
       },
-      py::arg("name"), py::arg("model_class"));
+      py::arg("name"), py::arg("model_class"), py::arg("execution_mode") = "linear_runtime",
+      "The capacity-file key of a named profile (the seed library's rule, in ddo_core).");
   m.def("profile_file_name",
         [](const std::string& key) { return ddo::core::profile_file_name(key); });
   m.def("recommend_resident_budget_gb", &ddo::core::recommend_resident_budget_gb,
@@ -418,16 +403,21 @@ PYBIND11_MODULE(_C, m) {
            py::arg("directory") = py::none())
       .def_property_readonly("directory",
                              [](const ProfileStore& s) { return s.directory().string(); })
-      .def("path_for",
-           [](const ProfileStore& s, const std::string& name, const std::string& model_class) {
-             return s.path_for(ddo::python::identity_of(name, model_class)).string();
-           })
+      .def(
+          "path_for",
+          [](const ProfileStore& s, const std::string& name, const std::string& model_class,
+             const std::string& mode) {
+            return s.path_for(ddo::python::identity_of(name, model_class, mode)).string();
+          },
+          py::arg("name"), py::arg("model_class"), py::arg("execution_mode") = "linear_runtime")
       .def(
           "load",
-          [](const ProfileStore& s, const std::string& name, const std::string& model_class) {
-            return ddo::python::record_or_none(s.load(ddo::python::identity_of(name, model_class)));
+          [](const ProfileStore& s, const std::string& name, const std::string& model_class,
+             const std::string& mode) {
+            return ddo::python::record_or_none(
+                s.load(ddo::python::identity_of(name, model_class, mode)));
           },
-          py::arg("name"), py::arg("model_class"))
+          py::arg("name"), py::arg("model_class"), py::arg("execution_mode") = "linear_runtime")
       .def("load_by_key",
            [](const ProfileStore& s, const std::string& key) {
              return ddo::python::record_or_none(s.load_by_key(key));
@@ -435,7 +425,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "save",
           [](ProfileStore& s, const std::string& name, const std::string& model_class,
-             py::handle observation, py::handle recommendation) {
+             py::handle observation, py::handle recommendation, const std::string& mode) {
             ddo::core::ProfileObservation obs;
             ddo::core::ProfileRecommendation rec;
             ddo::python::raise_status(ddo::core::ProfileObservation::from_json(
@@ -444,20 +434,23 @@ PYBIND11_MODULE(_C, m) {
                 to_json(recommendation, "recommendation"), &rec));
             py::gil_scoped_release release;
             ddo::python::raise_status(
-                s.save(ddo::python::identity_of(name, model_class), obs, rec));
+                s.save(ddo::python::identity_of(name, model_class, mode), obs, rec));
           },
           py::arg("name"), py::arg("model_class"), py::arg("observation"),
-          py::arg("recommendation"))
+          py::arg("recommendation"), py::arg("execution_mode") = "linear_runtime")
       .def("list",
            [](const ProfileStore& s) {
              py::list out;
              for (const auto& listing : s.list()) out.append(from_json(listing.to_json()));
              return out;
            })
-      .def("remove",
-           [](ProfileStore& s, const std::string& name, const std::string& model_class) {
-             ddo::python::raise_status(s.remove(ddo::python::identity_of(name, model_class)));
-           })
+      .def(
+          "remove",
+          [](ProfileStore& s, const std::string& name, const std::string& model_class,
+             const std::string& mode) {
+            ddo::python::raise_status(s.remove(ddo::python::identity_of(name, model_class, mode)));
+          },
+          py::arg("name"), py::arg("model_class"), py::arg("execution_mode") = "linear_runtime")
       .def("remove_by_key", [](ProfileStore& s, const std::string& key) {
         ddo::python::raise_status(s.remove_by_key(key));
       });
@@ -502,21 +495,18 @@ PYBIND11_MODULE(_C, m) {
            })
       .def(
           "record_observation",
-          [](HostContextStore& s, py::handle context, py::handle metrics, bool success,
-             py::handle details, bool keep_history) {
+          [](HostContextStore& s, py::handle context, py::handle observation,
+             py::handle recommendation) {
             json ctx = to_json(context, "context");
-            auto obs = ddo::python::observation_from(metrics, success, details);
-            ddo::python::raise_status(s.record_observation(ctx, obs, keep_history));
+            json obs = to_json(observation, "observation");
+            std::optional<json> rec;
+            if (!recommendation.is_none()) rec = to_json(recommendation, "recommendation");
+            py::gil_scoped_release release;
+            ddo::python::raise_status(s.record_observation(ctx, obs, rec));
           },
-          py::arg("context"), py::arg("metrics"), py::arg("success") = true,
-          py::arg("details") = py::none(), py::arg("keep_history") = true)
-      .def("read_capacity",
-           [](const HostContextStore& s, py::handle context) {
-             return from_json(
-                 ddo::core::limits_to_json(s.read_capacity(to_json(context, "context"))));
-           })
-      .def("read_recommendation", [](const HostContextStore& s, py::handle context) {
-        return from_json(s.read_recommendation(to_json(context, "context")).to_json());
+          py::arg("context"), py::arg("observation"), py::arg("recommendation") = py::none())
+      .def("read_capacity", [](const HostContextStore& s, py::handle context) {
+        return from_json(ddo::core::limits_to_json(s.read_capacity(to_json(context, "context"))));
       });
 
   using ddo::core::DynamicOffloadProfileSession;
@@ -545,23 +535,21 @@ PYBIND11_MODULE(_C, m) {
           "capacity_path",
           [](const DynamicOffloadProfileSession& s) { return s.capacity_path().string(); })
       .def(
-          "record",
-          [](DynamicOffloadProfileSession& s, py::handle metrics, bool success,
-             py::handle details) {
-            ddo::python::raise_status(
-                s.record(ddo::python::observation_from(metrics, success, details)));
+          "record_success",
+          [](DynamicOffloadProfileSession& s, py::handle observation, py::handle recommendation) {
+            json obs = to_json(observation, "observation");
+            std::optional<json> rec;
+            if (!recommendation.is_none()) rec = to_json(recommendation, "recommendation");
+            py::gil_scoped_release release;
+            ddo::python::raise_status(s.record_success(obs, rec));
           },
-          py::arg("metrics"), py::arg("success") = true, py::arg("details") = py::none())
+          py::arg("observation"), py::arg("recommendation") = py::none())
       .def("execution_record",
            [](const DynamicOffloadProfileSession& s) {
              return ddo::python::context_record_or_none(s.execution_record());
            })
-      .def("capacity",
-           [](const DynamicOffloadProfileSession& s) {
-             return from_json(ddo::core::limits_to_json(s.capacity()));
-           })
-      .def("recommendation", [](const DynamicOffloadProfileSession& s) {
-        return from_json(s.recommendation().to_json());
+      .def("capacity_record", [](const DynamicOffloadProfileSession& s) {
+        return ddo::python::context_record_or_none(s.capacity_record());
       });
 
   ddo::python::bind_offload(m);

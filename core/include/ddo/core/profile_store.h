@@ -1,10 +1,14 @@
 /// \file
 /// ProfileStore: named workload profiles on disk (spec §6, seed "Identity and storage").
 ///
-/// A profile is identified by {user-supplied name, model class qualified name, identity version}.
-/// Its file name is "ddo-profile-" plus the first 32 hex digits of the SHA-256 of the identity's
-/// canonical JSON, so names with any characters map to safe, fixed-length file names; the readable
-/// name and class are stored inside. The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
+/// A profile is identified by {user-supplied name, model class qualified name, identity version,
+/// execution mode}. The files are the seed library's (diffusers-dynamic-offloader 0.1.0rc2), so a
+/// user who switches keeps their profiles and can switch back: every profile and every legacy
+/// host context is a "capacity file" named "ddo-capacity-v1-" plus the first 24 hex digits of the
+/// SHA-256 of the identity's (or context's) canonical JSON, where canonical JSON is byte for byte
+/// what Python's json.dumps(value, sort_keys=True, separators=(",", ":")) writes. The readable
+/// name and class are stored inside, under "context". See Note [The seed library's files].
+/// The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
 ///
 /// Every write is a read-modify-write under an exclusive lock on a sibling "<file>.lock", and the
 /// new content replaces the old by rename, so two processes saving the same profile keep each
@@ -12,15 +16,17 @@
 ///
 /// ```
 /// ddo::core::ProfileStore store({.directory = ddo::core::resolve_profile_dir(env)});
-/// ddo::core::ProfileIdentity id{"video-5s", "my::Transformer"};
+/// ddo::core::ProfileIdentity id{"video-5s", "my::Transformer", "linear_runtime"};
 /// ddo::Status s = store.save(id, observation, recommendation);   // atomic, locked
 /// std::optional<ddo::core::ProfileRecord> r = store.load(id);      // nullopt: absent or invalid
 /// // r->recommendation->resident_budget_gb == recommendation.resident_budget_gb
+/// // store.path_for(id).filename() == "ddo-capacity-v1-<24 hex>.json"
 /// ```
 ///
 /// This header also holds the durable-file helpers (SHA-256, atomic write, file lock, bounded JSON
-/// reading, capacity limits) that the legacy host-context store (host_context.h) reuses, so there
-/// is one implementation of the crash- and concurrency-safe write path and of the input bounds.
+/// reading, capacity limits, the key rule) that the legacy host-context store (host_context.h)
+/// reuses, so there is one implementation of the crash- and concurrency-safe write path, of the
+/// input bounds and of file naming.
 ///
 /// Every file ddo reads here is untrusted input: it is at most kMaxProfileFileBytes, nested at most
 /// kMaxJsonDepth deep (checked before a document is built; see Note [Bounded JSON]) and every
@@ -45,13 +51,14 @@ namespace ddo::core {
 
 /// The "schema_version" ddo writes and reads; a file of another version is refused, not guessed at.
 inline constexpr int kProfileSchemaVersion = 1;
-/// Part of the hashed identity: a new version gives every profile a new file.
-inline constexpr int kProfileIdentityVersion = 1;
+/// The seed library's identity version 2: {name, model_class, identity_version, execution_mode}.
+inline constexpr int kProfileIdentityVersion = 2;
 /// Observations kept per profile, oldest dropped first.
 inline constexpr std::size_t kMaxProfileObservations = 20;
-/// File names are the prefix, the key's hex digits and ".json".
-inline constexpr std::string_view kProfileFilePrefix = "ddo-profile-";
-inline constexpr std::size_t kProfileKeyHexDigits = 32;  ///< hex digits of SHA-256 in a key
+/// Named profiles and host contexts share one key space, as in the seed library: the key is the
+/// prefix plus kProfileKeyHexDigits hex digits, and the file is "<key>.json".
+inline constexpr std::string_view kProfileFilePrefix = "ddo-capacity-v1-";
+inline constexpr std::size_t kProfileKeyHexDigits = 24;  ///< hex digits of SHA-256 in a key
 
 /// Input bounds. A profile ddo writes is a few KB and nested 4 levels deep; the bounds leave two
 /// orders of magnitude of room and stop hostile or corrupt files long before they cost memory or
@@ -81,8 +88,17 @@ inline constexpr std::string_view kKindSdnqProbe = "sdnq_probe";
 /// Lower-case hex SHA-256 of `data` (OpenSSL EVP).
 std::string sha256_hex(std::string_view data);
 
-/// Compact JSON with object keys sorted (nlohmann::json objects are std::map-backed).
+/// Compact JSON with object keys sorted, byte for byte as Python's
+/// json.dumps(value, sort_keys=True, separators=(",", ":")) writes it (ASCII only, `\uXXXX`
+/// escapes, floats as Python's repr: 1.0, 1e-05, 1e+16). The key rule hashes this text, so a key
+/// computed here equals the one the seed library computes for the same value. Throws ddo::Error
+/// (kInvalidArgument) for a string that is not valid UTF-8.
 std::string canonical_json(const nlohmann::json& value);
+
+/// The key of a capacity file: kProfileFilePrefix plus the first kProfileKeyHexDigits hex digits
+/// of SHA-256(canonical_json(normalized)). `normalized` is a named profile's identity JSON or a
+/// normalized host context (host_context.h). The one rule for file names in ddo.
+std::string capacity_key(const nlohmann::json& normalized);
 
 /// Current time as UTC ISO-8601 with milliseconds and a trailing Z: "2025-01-31T09:08:07.123Z".
 std::string utc_now_iso8601();
@@ -90,6 +106,7 @@ std::string utc_now_iso8601();
 /// The profile directory: DDO_PROFILE_DIR when set and non-empty, else `<home>/.ddo/profiles` where
 /// home is HOME (USERPROFILE on Windows, and as a fallback when HOME is unset). Throws ddo::Error
 /// (kFailedPrecondition) when neither is set. `env` is the process environment as a map.
+/// A leading "~" in DDO_PROFILE_DIR is the home folder (the seed library expands it too).
 std::filesystem::path resolve_profile_dir(const std::map<std::string, std::string>& env);
 
 /// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
@@ -208,10 +225,15 @@ Status version_field(const nlohmann::json& object, const char* key, std::string_
 
 /// Records one result: a success raises max_success, a failure lowers min_failure.
 void update_limits(CapacityLimits& limits, const std::string& metric, double value, bool success);
-/// {"metric": {"max_success": x, "min_failure": y}}, an absent limit omitted.
+/// The seed library's rule for an observation object: {"status": "success" | "failure",
+/// "capacity": {"metric": M, "value": V}} with M a non-empty string and V a number raises
+/// max_success or lowers min_failure of that metric; any other observation leaves the limits as
+/// they are.
+void update_limits_from_observation(CapacityLimits& limits, const nlohmann::json& observation);
+/// {"metric": {"max_success": x, "min_failure": y}}, an absent limit omitted (the library's form).
 nlohmann::json limits_to_json(const CapacityLimits& limits);
-/// Parses {"metric": {"max_success": x, "min_failure": y}}; kDataLoss on a malformed entry or a
-/// number outside `range`, naming the field.
+/// Parses {"metric": {"max_success": x, "min_failure": y}} (a null limit is absent); kDataLoss on
+/// a malformed entry or a number outside `range`, naming the field.
 Status limits_from_json(const nlohmann::json& json, CapacityLimits* out,
                         const NumberRange& range = kMetricRange);
 
@@ -223,20 +245,31 @@ Status limits_from_json(const nlohmann::json& json, CapacityLimits* out,
 struct ProfileIdentity {
   std::string name;         ///< user-supplied, stored verbatim
   std::string model_class;  ///< fully qualified C++ class name, or Python class qualified name
+  /// The execution mode's spelling ("linear_runtime", "sdnq_runtime", "plan"): a dense
+  /// calibration says nothing about an SDNQ run of the same name, so the seed library keys them
+  /// apart.
+  std::string execution_mode = "linear_runtime";
   int identity_version = kProfileIdentityVersion;  ///< see kProfileIdentityVersion
 
-  nlohmann::json to_json() const;                           ///< the file's "context"
+  /// {"execution_mode", "identity_version", "model_class", "name"}: the file's "context".
+  nlohmann::json to_json() const;
   bool operator==(const ProfileIdentity&) const = default;  ///< field by field
 };
 
-/// First 32 hex digits of SHA-256(canonical_json(identity)).
+/// capacity_key(identity.to_json()): "ddo-capacity-v1-" and 24 hex digits.
 std::string profile_key(const ProfileIdentity& identity);
-/// "ddo-profile-<key>.json".
+/// "<key>.json".
 std::string profile_file_name(std::string_view key);
-/// True for exactly 32 lower-case hex digits (guards `--key` against path tricks).
+/// True for kProfileFilePrefix plus exactly kProfileKeyHexDigits lower-case hex digits (guards
+/// `--key` against path tricks).
 bool is_valid_profile_key(std::string_view key);
+/// Whether a capacity file's "context" is a named profile's identity rather than a host context.
+bool is_named_profile_context(const nlohmann::json& context);
 
-/// The budget a profile recommends and how it was measured.
+/// The budget a profile recommends and how it was measured. In the file (the library's form):
+/// {"profile_resident_module_budget_gb": budget, "sdnq_probe_resident_budget_gb": probe (only
+/// while a probe is pending), ...ddo's fields below by name}. A file the library wrote holds only
+/// the first two; the rest are derived from its last observation (from_json).
 struct ProfileRecommendation {
   double resident_budget_gb = 0.0;       ///< the budget the next run of this identity should use
   std::string profile_measurement_kind;  ///< one of the kKind* values
@@ -254,13 +287,19 @@ struct ProfileRecommendation {
   /// residents so that streamed bytes follow compute along the step (Note [Balanced order] in
   /// planner.cpp). Empty when not measured (older profiles, devices without timing).
   std::map<std::string, double> candidate_compute_ms;
+  /// Fields of the file ddo does not know (another writer's), written back unchanged.
+  nlohmann::json extra = nlohmann::json::object();
 
   nlohmann::json to_json() const;  ///< the file's "recommendation" object
-  /// kDataLoss names a bad field.
-  static Status from_json(const nlohmann::json& json, ProfileRecommendation* out);
+  /// `last_observation` (may be null) fills what a library-written recommendation lacks.
+  static Status from_json(const nlohmann::json& json, ProfileRecommendation* out,
+                          const nlohmann::json& last_observation = nullptr);
 };
 
-/// One measured region, kept in a bounded history.
+/// One measured region, kept in a bounded history. In the file: {"status": "success" |
+/// "failure", "capacity": {"metric": "resident_budget_gb", "value": resident_budget_gb}, ...the
+/// fields below by name}, so the library's generic limit rule (update_limits_from_observation)
+/// yields ddo's capacity limits.
 struct ProfileObservation {
   std::string recorded_at;               ///< UTC ISO-8601
   std::string profile_measurement_kind;  ///< one of the kKind* values
@@ -270,7 +309,8 @@ struct ProfileObservation {
   double total_vram_gb = 0.0;            ///< the card (or cap)
   double headroom_gb = 0.0;              ///< profile_vram_headroom_gb
   double recommended_budget_gb = 0.0;    ///< what the run recommended
-  nlohmann::json measurement = nlohmann::json::object();  ///< the region's figures
+  nlohmann::json measurement = nlohmann::json::object();  ///< ddo: an object; the library: a string
+  nlohmann::json extra = nlohmann::json::object();  ///< unknown fields, written back unchanged
 
   nlohmann::json to_json() const;  ///< one element of the file's "observations"
   /// kDataLoss names a bad field.
@@ -285,9 +325,11 @@ struct ProfileRecord {
   std::vector<ProfileObservation> observations;  ///< oldest first, at most kMaxProfileObservations
   CapacityLimits capacity;  ///< from the observations (update_limits_from_observation)
   std::optional<ProfileRecommendation> recommendation;  ///< absent in a file that has none yet
+  nlohmann::json extra = nlohmann::json::object();      ///< unknown top-level fields, kept
 
   nlohmann::json to_json() const;  ///< the whole file
-  /// Validates schema version, identity version and key; kDataLoss says what is wrong.
+  /// Validates schema version, identity (a named profile's "context") and key; kDataLoss says
+  /// what is wrong. A host context's file is kDataLoss "not a named profile".
   static Status from_json(const nlohmann::json& json, ProfileRecord* out);
 };
 
@@ -297,6 +339,7 @@ struct ProfileListing {
   std::string profile_key;                   ///< the file name without ".json"
   std::string name;                          ///< the profile name
   std::string model_class;                   ///< the identity's class
+  std::string execution_mode;                ///< the identity's execution mode
   std::optional<double> resident_budget_gb;  ///< the recommendation, when there is one
   std::string profile_measurement_kind;      ///< how it was measured
   std::string updated_at;                    ///< UTC ISO-8601 of the last save
@@ -322,7 +365,7 @@ class ProfileStore {
   const std::filesystem::path& directory() const { return options_.directory; }
   /// The identity's file, existing or not.
   std::filesystem::path path_for(const ProfileIdentity& identity) const;
-  /// Throws ddo::Error (kInvalidArgument) when `key` is not 32 hex digits.
+  /// Throws ddo::Error (kInvalidArgument) when `key` is not a valid key (is_valid_profile_key).
   std::filesystem::path path_for_key(std::string_view key) const;
 
   /// The stored record, or nullopt when absent. Invalid, foreign, mismatched or old-schema files
@@ -345,10 +388,11 @@ class ProfileStore {
   /// than after it. kUnavailable / kFailedPrecondition name the path and say what to change.
   Status check_writable(const ProfileIdentity& identity) const;
 
-  /// Every "ddo-profile-*.json" in the directory, sorted by name, class, then key; invalid files
-  /// are rows with `problem` set. A missing directory lists nothing. Throws ddo::Error
-  /// (kFailedPrecondition) when the directory path exists but is not a directory, and
-  /// (kUnavailable) when it cannot be read.
+  /// Every named profile ("ddo-capacity-v1-*.json" whose context is an identity) in the
+  /// directory, sorted by name, class, then key; host-context files are left out, and files that
+  /// cannot be read as either are rows with `problem` set. A missing directory lists nothing.
+  /// Throws ddo::Error (kFailedPrecondition) when the directory path exists but is not a directory,
+  /// and (kUnavailable) when it cannot be read.
   std::vector<ProfileListing> list() const;
 
   /// Deletes the profile file (and its lock file). kNotFound when there is none.
