@@ -85,6 +85,8 @@ Plan Planner::run() {
   classify_tensors();
   apply_always_resident();
   compute_costs();
+  fit_always_resident();
+  staging_estimate();
   resolve_resident_candidates();
   resolve_resident_budget();
   select_residents();

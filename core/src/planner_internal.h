@@ -93,11 +93,18 @@ class Planner {
   void classify_tensors();
   void apply_skip();
   void apply_always_resident();
+  void fit_always_resident();
   void compute_costs();
   std::vector<BlockGroup> find_block_groups() const;
   std::vector<BlockGroup> choose_block_groups(bool all_lists);
   void resolve_resident_candidates();
-  std::int64_t staging_estimate();
+  // VRAM the plan may use: the context's total, capped by vram_cap_gb; 0 = unknown.
+  std::int64_t usable_vram() const;
+  // The balanced policy's headroom for usable_vram(): auto_vram_headroom_gb, else the table.
+  std::int64_t vram_headroom() const;
+  // Note [Working set] over the units this route will stream; `with_always_resident` also counts
+  // the streamable tensors of always-resident modules (before fit_always_resident decides).
+  std::int64_t staging_estimate(bool with_always_resident = false);
   void resolve_resident_budget();
   void select_residents();
   void assign_placements();
@@ -127,6 +134,8 @@ class Planner {
   std::int64_t always_resident_bytes_ = 0;
   std::int64_t move_once_bytes_ = 0;
   std::vector<TensorRef> streamed_;  // model order
+  bool split_blocks_ = false;        // group_block route streaming by module (staging_estimate)
+  std::string split_reason_;
 };
 
 }  // namespace ddo::core::planner_internal

@@ -76,7 +76,8 @@ nlohmann::json Plan::to_json() const {
   for (const StreamUnit& u : stream_units) {
     nlohmann::json refs = nlohmann::json::array();
     for (TensorRef r : u.tensors) refs.push_back({r.module, r.tensor});
-    units.push_back({{"name", u.name}, {"bytes", u.bytes}, {"tensors", std::move(refs)}});
+    units.push_back(
+        {{"name", u.name}, {"bytes", u.bytes}, {"grain", u.grain}, {"tensors", std::move(refs)}});
   }
   nlohmann::json decisions_json = nlohmann::json::array();
   for (const Decision& d : decisions) {

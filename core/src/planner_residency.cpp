@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ddo/core/working_set.h"
 #include "planner_internal.h"
 
 // Note [Resident cost]
@@ -20,6 +21,17 @@
 // move-once and always-resident bytes from the VRAM before it hands the rest to candidates:
 // benchmarks.md records a system whose always-resident modules came on top of its budget and
 // broke an 8 GiB cap.
+//
+// Note [Always-resident fits the card]
+// The default always-resident pattern matches every module named proj_out, and FLUX has one in
+// each of its 38 single blocks: 3.3 GiB that a 4 GiB card cannot hold next to the CUDA context,
+// the staging ring and a step's activations (setup failed there before this rule). Always-resident
+// is a preference for small modules that every step reads, not a promise: when the streamable
+// bytes of always-resident modules exceed what the card leaves after the balanced headroom, the
+// move-once tensors and the staging estimate, the largest of them stream instead until the rest
+// fit (their small tensors stay on the device, as any streamed module's), and the decision
+// always_resident_fit names them. Only the card's size decides this, never the resident budget:
+// the budget is handed out after, from what is left.
 //
 // Note [Spread order]
 // `spread` keeps residents evenly spaced through the block list so that streamed blocks are
@@ -53,6 +65,7 @@ namespace planner_internal {
 void Planner::compute_costs() {
   // Always-resident parts cost nothing extra to a block (Note [Resident cost]).
   subtree_cost_.assign(n_, 0);
+  move_once_bytes_ = 0;
   for (std::size_t m = 0; m < n_; ++m) {
     if (always_resident_[m] || own_cost_[m] == 0) continue;
     for (std::optional<std::size_t> cur = m; cur; cur = parent_[*cur]) {
@@ -66,6 +79,57 @@ void Planner::compute_costs() {
       if (!always_resident_[m] && !streamable_[m][t]) move_once_bytes_ += mod.tensors[t].bytes;
     }
   }
+}
+
+void Planner::fit_always_resident() {
+  // Note [Always-resident fits the card].
+  const std::int64_t total = usable_vram();
+  if (total <= 0 || always_resident_bytes_ == 0) return;
+  std::int64_t streamable = 0, fixed = 0;
+  std::vector<std::size_t> movable;
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (!always_resident_[m]) continue;
+    streamable += own_cost_[m];
+    fixed += inv_.modules[m].bytes() - own_cost_[m];
+    if (own_cost_[m] > 0) movable.push_back(m);
+  }
+  const std::int64_t headroom = vram_headroom();
+  const std::int64_t staging = staging_estimate(/*with_always_resident=*/true);
+  const std::int64_t room = total - headroom - move_once_bytes_ - fixed - staging;
+  if (streamable <= room) return;
+  // Largest first, later ones first among equals: the fewest modules leave, and the first blocks
+  // of a list (which run while the copy stream has nothing queued yet) keep theirs.
+  std::stable_sort(movable.begin(), movable.end(), [&](std::size_t a, std::size_t b) {
+    return own_cost_[a] != own_cost_[b] ? own_cost_[a] > own_cost_[b] : a > b;
+  });
+  std::vector<std::string> demoted;
+  std::int64_t demoted_bytes = 0;
+  for (std::size_t m : movable) {
+    if (streamable <= room) break;
+    always_resident_[m] = false;
+    streamable -= own_cost_[m];
+    demoted_bytes += own_cost_[m];
+    demoted.push_back(name_of(m));
+  }
+  always_resident_bytes_ = 0;
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (always_resident_[m]) always_resident_bytes_ += inv_.modules[m].bytes();
+  }
+  compute_costs();  // the demoted modules' weights now stream and count in their blocks
+  decide("always_resident_fit",
+         {{"total_vram_bytes", total},
+          {"headroom_bytes", headroom},
+          {"move_once_bytes", move_once_bytes_},
+          {"staging_bytes", staging},
+          {"room_bytes", std::max<std::int64_t>(0, room)},
+          {"demoted", names_json(demoted)},
+          {"modules_demoted", demoted.size()},
+          {"demoted_bytes", demoted_bytes},
+          {"always_resident_bytes", always_resident_bytes_}},
+         fmt::format("{} always-resident modules ({}) stream instead: total {} - headroom {} - "
+                     "move-once {} - staging {} leaves {} for them",
+                     demoted.size(), gib(demoted_bytes), gib(total), gib(headroom),
+                     gib(move_once_bytes_), gib(staging), gib(std::max<std::int64_t>(0, room))));
 }
 
 void Planner::resolve_resident_candidates() {
@@ -127,34 +191,90 @@ void Planner::resolve_resident_candidates() {
   }
 }
 
-std::int64_t Planner::staging_estimate() {
-  std::string source;
-  std::int64_t bytes = 0;
-  if (ctx_.staging_bytes) {
-    bytes = *ctx_.staging_bytes;
-    source = "context";
-  } else if (config_.staging_mb > 0) {
-    bytes = to_bytes_or_throw(config_.staging_mb, ByteUnit::kMiB, "staging_mb");
-    source = "staging_mb";
-  } else {
-    // The engine double-buffers one unit ahead: two of the largest block, or of the largest
-    // streamed tensor when there are no blocks.
-    std::int64_t largest = 0;
-    for (std::size_t m : candidates_) largest = std::max(largest, subtree_cost_[m]);
-    source = "two_largest_blocks";
-    if (largest == 0) {
-      source = "two_largest_tensors";
-      for (std::size_t m = 0; m < n_; ++m) {
-        if (always_resident_[m]) continue;
-        for (std::size_t t = 0; t < streamable_[m].size(); ++t) {
-          if (streamable_[m][t]) largest = std::max(largest, inv_.modules[m].tensors[t].bytes);
-        }
-      }
+std::int64_t Planner::usable_vram() const {
+  std::int64_t total = ctx_.total_vram_bytes;
+  const std::int64_t cap = field_bytes(config_.vram_cap_gb, "vram_cap_gb");
+  if (cap > 0) total = total > 0 ? std::min(total, cap) : cap;
+  return total;
+}
+
+std::int64_t Planner::vram_headroom() const {
+  return config_.auto_vram_headroom_gb > 0
+             ? field_bytes(config_.auto_vram_headroom_gb, "auto_vram_headroom_gb")
+             : balanced_headroom_bytes(usable_vram());
+}
+
+std::int64_t Planner::staging_estimate(bool with_always_resident) {
+  // The units this route streams (build_stream_units): tensors (SDNQ layers whole) on the dynamic
+  // route, leaf modules or blocks on the classic ones. Residents are not known yet, so every
+  // streamable byte counts as streamed: the window is bounded by it, an upper bound is enough.
+  // With always-resident modules counted, only their largest unit counts: the estimate is the
+  // staging that keeps them resident, or the staging for any one of them that has to stream.
+  std::int64_t largest = 0, streamed = 0;
+  const char* unit = "tensor";
+  for (std::size_t m = 0; m < n_; ++m) {
+    if (skipped_[m] || (always_resident_[m] && !with_always_resident)) continue;
+    const bool whole = config_.route == Route::kGroupLeaf ||
+                       (plan_.sdnq && inv_.modules[m].kind == ModuleKind::kSdnq);
+    for (std::size_t t = 0; t < streamable_[m].size(); ++t) {
+      if (!streamable_[m][t]) continue;
+      const std::int64_t bytes = inv_.modules[m].tensors[t].bytes;
+      if (!always_resident_[m]) streamed += bytes;
+      if (!whole) largest = std::max(largest, bytes);
     }
-    bytes = 2 * largest;
+    if (whole) largest = std::max(largest, own_cost_[m]);
   }
-  plan_.staging_estimate_bytes = bytes;
-  return bytes;
+  if (config_.route == Route::kGroupLeaf) unit = "leaf module";
+  if (config_.route == Route::kGroupBlock) {
+    // A block the card cannot stage (three of them, Note [Working set]) streams by module.
+    std::int64_t block = 0;
+    for (const BlockGroup& g : find_block_groups()) {
+      for (std::size_t m : g.members) block = std::max(block, subtree_cost_[m]);
+    }
+    const std::int64_t total = usable_vram();
+    const std::int64_t room = total - vram_headroom() - always_resident_bytes_ - move_once_bytes_;
+    split_blocks_ = !with_always_resident && total > 0 && min_staging_bytes(block) > room;
+    if (split_blocks_) {
+      split_reason_ = fmt::format(
+          "group_block route split into modules: staging three blocks of {} needs {}, the card "
+          "leaves {} after headroom, always-resident and move-once",
+          gib(block), gib(min_staging_bytes(block)), gib(std::max<std::int64_t>(0, room)));
+      unit = "leaf module";
+      largest = 0;
+      for (std::size_t m = 0; m < n_; ++m) {
+        if (!skipped_[m] && !always_resident_[m]) largest = std::max(largest, own_cost_[m]);
+      }
+    } else {
+      unit = "block";
+      largest = std::max(largest, block);
+    }
+  }
+  StagingRequest request;
+  request.largest_unit_bytes = largest;
+  request.streamed_bytes = streamed;
+  request.one_unit_ahead = config_.route != Route::kDynamic;
+  request.window_bytes =
+      to_bytes_or_throw(config_.prefetch_window_mb, ByteUnit::kMiB, "prefetch_window_mb");
+  request.staging_bytes = to_bytes_or_throw(config_.staging_mb, ByteUnit::kMiB, "staging_mb");
+  StagingSize size = size_staging(request);
+  std::string source = config_.staging_mb > 0 ? "staging_mb" : "window + 2 x largest unit";
+  if (ctx_.staging_bytes) {
+    size.staging_bytes = *ctx_.staging_bytes;
+    source = "context";
+  }
+  if (!with_always_resident) {
+    plan_.staging_estimate_bytes = size.staging_bytes;
+    decide("working_set",
+           {{"unit", unit},
+            {"largest_unit_bytes", largest},
+            {"streamable_bytes", streamed},
+            {"window_bytes", size.window_bytes},
+            {"staging_bytes", size.staging_bytes},
+            {"source", source}},
+           fmt::format("staging {} ({}): window {} + 2 x largest {} {}", gib(size.staging_bytes),
+                       source, gib(size.window_bytes), unit, gib(largest)));
+  }
+  return size.staging_bytes;
 }
 
 void Planner::resolve_resident_budget() {
@@ -203,14 +323,10 @@ void Planner::resolve_resident_budget() {
     return;
   }
 
-  std::int64_t total = ctx_.total_vram_bytes;
-  const std::int64_t cap = field_bytes(config_.vram_cap_gb, "vram_cap_gb");
-  if (cap > 0) total = total > 0 ? std::min(total, cap) : cap;
+  const std::int64_t total = usable_vram();
   const bool manual_headroom = config_.auto_vram_headroom_gb > 0;
-  const std::int64_t headroom =
-      manual_headroom ? field_bytes(config_.auto_vram_headroom_gb, "auto_vram_headroom_gb")
-                      : balanced_headroom_bytes(total);
-  const std::int64_t staging = staging_estimate();
+  const std::int64_t headroom = vram_headroom();
+  const std::int64_t staging = plan_.staging_estimate_bytes;
   const std::int64_t room = total - headroom - always_resident_bytes_ - move_once_bytes_ - staging;
   std::int64_t budget = total > 0 ? std::clamp<std::int64_t>(room, 0, candidates) : 0;
   decide("balanced_policy",

@@ -145,6 +145,7 @@ void Planner::build_stream_units() {
     const std::string& module = name_of(ref.module);
     return module.empty() ? tensor(ref).name : module + "." + tensor(ref).name;
   };
+  std::string grain_reason;
   if (config_.route == Route::kDynamic) {
     // One unit per tensor, except SDNQ layers: one unit per layer (Note [SDNQ layer units]).
     for (TensorRef ref : streamed_) {
@@ -154,9 +155,14 @@ void Planner::build_stream_units() {
         units.back().bytes += tensor(ref).bytes;
         continue;
       }
-      units.push_back(
-          {sdnq_layer ? name_of(ref.module) : tensor_name(ref), {ref}, tensor(ref).bytes});
+      units.push_back({sdnq_layer ? name_of(ref.module) : tensor_name(ref),
+                       {ref},
+                       tensor(ref).bytes,
+                       sdnq_layer ? "sdnq_layer" : "tensor"});
     }
+    grain_reason = plan_.sdnq ? "dynamic route: each weight just in time; an SDNQ layer's packed "
+                                "weight, scales and zero points are read by one dequantize"
+                              : "dynamic route: each weight just in time";
   } else {
     // Lookup only; units keep first-appearance (model) order.
     std::map<std::string, std::size_t> unit_of;
@@ -164,9 +170,17 @@ void Planner::build_stream_units() {
     for (const BlockGroup& g : block_groups_) {
       for (std::size_t m : g.members) block_member[m] = true;
     }
+    bool leaf = config_.route == Route::kGroupLeaf;
+    grain_reason = leaf ? "group_leaf route: one module's weights per unit"
+                        : "group_block route: one block per unit";
+    if (!leaf && split_blocks_) {
+      leaf = true;
+      grain_reason = split_reason_;
+    }
     for (TensorRef ref : streamed_) {
       std::string key;
-      if (config_.route == Route::kGroupLeaf) {
+      const char* grain = "leaf";
+      if (leaf) {
         key = name_of(ref.module);
       } else {
         std::optional<std::size_t> block;
@@ -175,19 +189,25 @@ void Planner::build_stream_units() {
         }
         if (block) {
           key = name_of(*block);
+          grain = "block";
         } else {
           const std::string& name = name_of(ref.module);
           key = name.substr(0, name.find('.'));
+          grain = key == name ? "leaf" : "block";
         }
       }
       auto [it, inserted] = unit_of.emplace(key, units.size());
-      if (inserted) units.push_back({key, {}, 0});
+      if (inserted) units.push_back({key, {}, 0, grain});
       units[it->second].tensors.push_back(ref);
       units[it->second].bytes += tensor(ref).bytes;
     }
   }
   std::int64_t largest = 0;
-  for (const StreamUnit& u : units) largest = std::max(largest, u.bytes);
+  std::map<std::string, int> by_grain;
+  for (const StreamUnit& u : units) {
+    largest = std::max(largest, u.bytes);
+    ++by_grain[u.grain];
+  }
   decide("stream_units",
          {{"route", to_string(config_.route)},
           {"units", units.size()},
@@ -195,6 +215,11 @@ void Planner::build_stream_units() {
           {"largest_unit_bytes", largest}},
          fmt::format("{} units over {} (largest {})", units.size(), gib(plan_.streamed_bytes),
                      gib(largest)));
+  if (!units.empty()) {
+    nlohmann::json counts = nlohmann::json::object();
+    for (const auto& [grain, n] : by_grain) counts[grain] = n;
+    decide("stream_grain", {{"units_by_grain", counts}, {"reason", grain_reason}}, grain_reason);
+  }
 }
 
 // Routes that do not stream: a whole-component move, or nothing at all.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "ddo/core/units.h"
+#include "ddo/core/working_set.h"
 
 namespace ddo::engine {
 
@@ -65,7 +66,6 @@ enum class UnitState : std::uint8_t { kIdle, kInFlight, kAcquired, kCached };
 enum class RegionState : std::uint8_t { kInFlight, kAcquired, kReleased, kFree };
 
 constexpr std::size_t kRingAlignment = 256;
-constexpr std::size_t kDefaultWindowBytes = std::size_t{512} << 20;
 // Positions a forward jump may pass before a still-in-flight unit counts as mispredicted.
 constexpr std::int64_t kStaleGrace = 2;
 // Cycles in a row with at least one miss before the trace is learned again.
@@ -521,11 +521,16 @@ Status CopyScheduler::finalize() {
     return Status(Code::kFailedPrecondition, "CopyScheduler::finalize called twice");
   }
   const std::size_t largest = s.largest_ring_bytes;
-  const std::size_t window =
-      s.options.window_bytes > 0 ? s.options.window_bytes : kDefaultWindowBytes;
-  const std::size_t staging = s.options.staging_bytes > 0
-                                  ? s.options.staging_bytes / kRingAlignment * kRingAlignment
-                                  : window + 2 * largest;
+  // The one staging rule (Note [Working set] in ddo/core/working_set.h), over ring bytes.
+  core::StagingRequest request;
+  request.largest_unit_bytes = static_cast<std::int64_t>(largest);
+  for (const Unit& u : s.units) request.streamed_bytes += static_cast<std::int64_t>(u.ring_bytes);
+  request.window_bytes = static_cast<std::int64_t>(s.options.window_bytes);
+  request.staging_bytes =
+      static_cast<std::int64_t>(s.options.staging_bytes / kRingAlignment * kRingAlignment);
+  const core::StagingSize size = core::size_staging(request);
+  const auto window = static_cast<std::size_t>(size.window_bytes);
+  const auto staging = static_cast<std::size_t>(size.staging_bytes);
   if (staging < largest) {
     return Status(Code::kInvalidArgument,
                   internal::str_cat("staging_bytes=", s.options.staging_bytes,

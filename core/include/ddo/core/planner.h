@@ -113,6 +113,9 @@ struct StreamUnit {
   std::string name;                ///< for reports and timelines
   std::vector<TensorRef> tensors;  ///< model order
   std::int64_t bytes = 0;          ///< the sum of its tensors' bytes
+  /// What the unit is: "tensor", "sdnq_layer", "leaf" (one module's weights) or "block"; the
+  /// decision stream_grain says why.
+  std::string grain;
 };
 
 /// One rule that fired, with the numbers it saw.

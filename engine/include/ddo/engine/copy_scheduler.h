@@ -34,7 +34,8 @@ namespace ddo::engine {
 struct SchedulerOptions {
   /// Staging area size; 0 = window + 2 x the largest unit.
   std::size_t staging_bytes = 0;
-  /// Bytes prefetched ahead of the op that runs; 0 = 512 MiB (capped by staging).
+  /// Bytes prefetched ahead of the op that runs; 0 = the working-set rule (core::size_staging:
+  /// 512 MiB, at most the streamed bytes; capped by staging).
   std::size_t window_bytes = 0;
   /// false: copies are issued on the compute stream (no side stream, e.g. under WSL).
   bool use_side_stream = true;
