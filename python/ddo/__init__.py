@@ -10,6 +10,11 @@ The seed page's API, name for name, over the same C++ library the ``ddo`` tools 
     with offload.profile_run() as profile_report:
         latents = pipeline(**inputs, output_type="latent").images
 
+The seed's library (``diffusers_dynamic_offloader`` 0.1.0rc2) is a drop-in: its entry points,
+helpers and legacy host-context functions are here under its names (``ddo.compat``,
+``ddo.legacy``), and ddo reads and writes its profile files. README "Drop-in for
+diffusers-dynamic-offloader" lists each of its names with ddo's status.
+
 ``ddo._C`` is private; everything public is re-exported here. See docs/design/0003-python.md.
 """
 
@@ -18,6 +23,24 @@ import torch as _torch  # noqa: F401  (loads libtorch before _C, which links aga
 from . import _C
 from ._C import NotFoundError
 from .api import OffloadResult, enable_offload, remove_offload
+from .compat import (
+    DDO_PRESETS,
+    DiffusersGroupOffloadResult,
+    DynamicOffloadApplyResult,
+    apply_dynamic_offload,
+    build_dynamic_offload_event_payload,
+    detect_quantized_backend_modules,
+    enable_diffusers_group_offload,
+    enable_dynamic_offload,
+    format_dynamic_offload_presets,
+    get_available_system_ram_gb,
+    get_dynamic_offload_presets,
+    get_dynamic_offload_state,
+    is_wsl_environment,
+    load_dynamic_offload_settings_from_env,
+    remove_dynamic_offload,
+    resolve_dynamic_offload_preset,
+)
 from .config import (
     DynamicOffloadConfig,
     DynamicOffloadSettings,
@@ -27,9 +50,20 @@ from .config import (
     resolve_preset,
 )
 from .diffusers import PipelineOffloadResult, enable_pipeline_offload
+from .legacy import (
+    DYNAMIC_OFFLOAD_PROFILE_SCHEMA_VERSION,
+    DynamicOffloadProfileSession,
+    dynamic_offload_profile_key,
+    dynamic_offload_profile_path,
+    get_dynamic_offload_profile_capacity,
+    get_dynamic_offload_profile_dir,
+    get_dynamic_offload_profile_recommendation,
+    load_dynamic_offload_profile,
+    normalize_dynamic_offload_profile_context,
+    record_dynamic_offload_profile,
+)
 from .loader import LoadedModel, from_pretrained_with_dynamic_offload
 from .profiles import (
-    DynamicOffloadProfileSession,
     HostContextStore,
     ProfileStore,
     context_key,
@@ -44,7 +78,35 @@ from .profiles import (
 
 __version__ = "0.1.0"
 
+DynamicOffloadLoadResult = LoadedModel  # the seed library's name for the loader's result
+
 __all__ = [
+    "DDO_PRESETS",
+    "DYNAMIC_OFFLOAD_PROFILE_SCHEMA_VERSION",
+    "DiffusersGroupOffloadResult",
+    "DynamicOffloadApplyResult",
+    "DynamicOffloadLoadResult",
+    "apply_dynamic_offload",
+    "build_dynamic_offload_event_payload",
+    "detect_quantized_backend_modules",
+    "dynamic_offload_profile_key",
+    "dynamic_offload_profile_path",
+    "enable_diffusers_group_offload",
+    "enable_dynamic_offload",
+    "format_dynamic_offload_presets",
+    "get_available_system_ram_gb",
+    "get_dynamic_offload_presets",
+    "get_dynamic_offload_profile_capacity",
+    "get_dynamic_offload_profile_dir",
+    "get_dynamic_offload_profile_recommendation",
+    "get_dynamic_offload_state",
+    "is_wsl_environment",
+    "load_dynamic_offload_profile",
+    "load_dynamic_offload_settings_from_env",
+    "normalize_dynamic_offload_profile_context",
+    "record_dynamic_offload_profile",
+    "remove_dynamic_offload",
+    "resolve_dynamic_offload_preset",
     "DynamicOffloadConfig",
     "DynamicOffloadProfileSession",
     "DynamicOffloadSettings",

@@ -181,6 +181,22 @@ class OffloadResult:
         if not self._native.active and self._native.report().get("executing", False):
             raise RuntimeError("this offload was removed; call enable_offload again")
 
+    # -- the seed library's result fields (DynamicOffloadApplyResult) --------------------------
+    @property
+    def route(self) -> str:
+        """The route this offload took: dynamic, group_block, group_leaf, device or none."""
+        return self._native.report().get("route", "dynamic")
+
+    @property
+    def should_move_to_execution_device(self) -> bool:
+        """True when ddo placed nothing (plan mode, a disabled preset): the host moves the module."""
+        return not self._native.report().get("executing", False)
+
+    @property
+    def event_payload(self) -> dict[str, Any]:
+        """The JSON-safe report (the library's setup payload); see report()."""
+        return self.report()
+
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
         return f"<ddo.OffloadResult {self.model_class} {state}>"
@@ -296,6 +312,86 @@ def _resolved_skip_patterns(
     return DynamicOffloadSettings.from_env(preset).config.skip_modules_pattern
 
 
+# The seed library's route names (and ddo's own) -> ddo's route spelling.
+_ROUTES = {
+    "dynamic": "dynamic",
+    "dynamic_offload": "dynamic",
+    "linear_convolution": "dynamic",  # ddo's dynamic route streams Conv weights too
+    "group_block": "group_block",
+    "group_leaf": "group_leaf",
+    "device": "device",
+    "none": "none",
+}
+_OFFLOAD_TYPES = {"block_level": "group_block", "leaf_level": "group_leaf"}
+
+
+def _check_type(name: str, value: Any, types: tuple, what: str) -> None:
+    if not isinstance(value, types):
+        raise TypeError(f"{name} must be {what}, not {value!r} ({type(value).__name__})")
+
+
+def _check_public_args(
+    preset: Any, profile_name: Any, build_profile: Any, execution_device: Any, record_event: Any
+) -> Optional[str]:
+    """Type checks at the public API, naming the argument (issue 18): without them pybind11
+    answers with its private signature, and build_profile="false" would be true."""
+    if preset is not None:
+        _check_type("preset", preset, (str,), 'a preset name such as "auto" or None')
+    if profile_name is not None:
+        _check_type("profile_name", profile_name, (str,), 'a str such as "my-workload" or None')
+    if isinstance(build_profile, bool) is False:
+        raise TypeError(
+            f"build_profile must be True or False, not {build_profile!r} "
+            f"({type(build_profile).__name__}); a string such as 'false' would count as true"
+        )
+    if isinstance(execution_device, torch.device):
+        execution_device = str(execution_device)
+    if execution_device is not None:
+        _check_type("execution_device", execution_device, (str,), 'a device such as "cuda:0"')
+    if record_event is not None and not callable(record_event):
+        raise TypeError(
+            f"record_event must be callable(name, seconds, payload), not "
+            f"{type(record_event).__name__}"
+        )
+    return execution_device
+
+
+def _resolve_route(
+    route: Optional[str],
+    group_offload: Optional[bool],
+    dynamic_offload: Optional[bool],
+    offload_type: Optional[str],
+) -> Optional[str]:
+    """The seed library's route arguments as one ddo route (None: the settings decide)."""
+    if offload_type is not None and offload_type not in _OFFLOAD_TYPES:
+        raise ValueError(
+            f"offload_type={offload_type!r} is not valid; use 'block_level' or 'leaf_level'"
+        )
+    group_route = _OFFLOAD_TYPES[offload_type or "leaf_level"]
+    if route is not None:
+        _check_type("route", route, (str,), "a route name")
+        key = route.strip().lower()
+        if key == "auto":
+            route = None
+        elif key == "diffusers_group_offload":
+            route = group_route
+        elif key in _ROUTES:
+            route = _ROUTES[key]
+        else:
+            raise ValueError(
+                f"route={route!r} is not valid; use auto, dynamic_offload, linear_convolution, "
+                "diffusers_group_offload, none (or ddo's dynamic, group_block, group_leaf, "
+                "device)"
+            )
+    if route is None and group_offload:
+        route = group_route
+    if route is None and dynamic_offload:
+        route = "dynamic"
+    if route is None and dynamic_offload is False and group_offload is False:
+        route = "none"
+    return route
+
+
 def _enable(
     model: nn.Module,
     *,
@@ -309,6 +405,8 @@ def _enable(
     overrides: dict[str, Any],
     device: Any = None,
     label: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+    wsl: Optional[bool] = None,
 ) -> OffloadResult:
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -317,6 +415,9 @@ def _enable(
         )
     if settings is not None and config is not None:
         raise TypeError("pass either settings= or config=, not both")
+    execution_device = _check_public_args(
+        preset, profile_name, build_profile, execution_device, record_event
+    )
     if settings is not None and not isinstance(settings, DynamicOffloadSettings):
         raise TypeError(
             f"settings must be a DynamicOffloadSettings, not {type(settings).__name__}"
@@ -336,9 +437,13 @@ def _enable(
         patterns = _resolved_skip_patterns(preset, settings, config, overrides)
         overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in skipped]
 
-    # preset=None means "DDO_PRESET, else auto": resolve through the settings loader.
-    if settings is None and config is None and preset is None:
-        settings = DynamicOffloadSettings.from_env(None)
+    # preset=None means "DDO_PRESET, else auto": resolve through the settings loader. So does
+    # a replaced environment or a stated platform fact (the library's environ= / running_on_wsl=).
+    if settings is None and (
+        (config is None and preset is None) or env is not None or wsl is not None
+    ):
+        settings = DynamicOffloadSettings.from_env(preset, config, env=env, wsl=wsl)
+        config = None
 
     progress = SetupProgress(label or model_class, record_event)
     progress.start()
@@ -348,7 +453,7 @@ def _enable(
             entries,
             preset=preset if preset is not None else "auto",
             profile_name=profile_name or "",
-            build_profile=bool(build_profile),
+            build_profile=build_profile,
             settings=settings._native if settings is not None else None,
             config=_config_fields(config),
             overrides=overrides or None,
@@ -376,19 +481,38 @@ def _enable(
 
 def enable_offload(
     model: nn.Module,
-    preset: Optional[str] = "auto",
+    preset: Optional[str] = None,
     profile_name: Optional[str] = None,
     build_profile: bool = False,
     settings: Optional[DynamicOffloadSettings] = None,
     config: Optional[DynamicOffloadConfig | Mapping[str, Any]] = None,
     execution_device: Optional[str] = None,
     record_event: Optional[RecordEvent] = None,
+    *,
+    component: str = "model",
+    route: Optional[str] = None,
+    group_offload: Optional[bool] = None,
+    dynamic_offload: Optional[bool] = None,
+    offload_type: Optional[str] = None,
+    use_stream: Optional[bool] = None,
+    record_stream: Optional[bool] = None,
+    group_low_cpu_mem_usage: Optional[bool] = None,
+    num_blocks_per_group: Optional[int] = None,
+    offload_device: Any = "cpu",
+    low_cpu_mem_usage: bool = True,
+    running_on_wsl: Optional[bool] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    use_environment: bool = True,
+    apply_hook: bool = True,
+    dynamic_event_name: Optional[str] = None,
+    group_event_name: Optional[str] = None,
     **config_overrides: Any,
 ) -> OffloadResult:
     """Takes over weight placement of ``model`` (a transformer, UNet, VAE, text encoder, ...).
 
     preset: ``auto`` (= one_shot_fast), low_ram_safe, wsl_compat, warm_process,
-        diffusers_offload_compat, diffusers_leaf_offload_compat, off; None = DDO_PRESET or auto.
+        diffusers_offload_compat, diffusers_leaf_offload_compat, off; None (the default) =
+        DDO_PRESET when set, else auto.
     profile_name: the named workload profile; None disables profile lookup.
     build_profile: True for the calibration run (wrap the measured region in profile_run()).
     settings: a resolved ``DynamicOffloadSettings`` (overrides still apply), or
@@ -397,10 +521,56 @@ def enable_offload(
     record_event: ``callable(name, seconds, payload)`` receiving setup events.
     config_overrides: DynamicOffloadConfig fields by name; unknown names raise TypeError.
 
-    Errors: ValueError for bad values, RuntimeError for states that do not allow the call (e.g.
-    calibrating on a device that cannot measure, a torch.compile'd model), torch.OutOfMemoryError
-    when the device is full. A KeyboardInterrupt during setup leaves the model as it was.
+    The seed library's keywords, with its meaning (README "Drop-in for diffusers-dynamic-
+    offloader"): ``component`` (its policy, DDO_<COMPONENT>_ROUTE, picks the route; also the
+    progress label), ``route`` (auto, dynamic_offload, linear_convolution,
+    diffusers_group_offload, none), ``group_offload`` / ``dynamic_offload`` / ``offload_type``
+    (block_level, leaf_level), ``use_stream`` (False: no side streams), ``running_on_wsl``,
+    ``environ`` (replaces the process environment), ``use_environment`` (False: no DDO_*
+    variables), ``apply_hook`` (False: plan only, nothing moves), ``offload_device`` (only the
+    CPU: ddo streams from host memory). ``record_stream``, ``low_cpu_mem_usage``,
+    ``group_low_cpu_mem_usage`` and the event names are accepted and have no effect: ddo's
+    staging owns its streams and memory, and its events have fixed names.
+    ``num_blocks_per_group`` must be 1 (ddo's block route streams one block per group).
+
+    Errors: ValueError for bad values, TypeError for arguments of the wrong type (naming the
+    argument), RuntimeError for states that do not allow the call (e.g. calibrating on a device
+    that cannot measure, a torch.compile'd model), torch.OutOfMemoryError when the device is
+    full. A KeyboardInterrupt during setup leaves the model as it was.
     """
+    overrides = dict(config_overrides)
+    chosen = _resolve_route(route, group_offload, dynamic_offload, offload_type)
+    _check_type("component", component, (str,), "a component name such as 'transformer'")
+    if num_blocks_per_group is not None and num_blocks_per_group != 1:
+        raise ValueError(
+            f"num_blocks_per_group={num_blocks_per_group!r} is not supported: ddo's block route "
+            "streams one block per group (its prefetch window overlaps the next ones); pass 1"
+        )
+    if offload_device is not None and str(offload_device) != "cpu":
+        raise ValueError(
+            f"offload_device={offload_device!r} is not supported: ddo streams weights from host "
+            "memory; pass 'cpu'"
+        )
+    if use_stream is not None:
+        _check_type("use_stream", use_stream, (bool,), "True or False")
+        overrides.setdefault("use_side_streams", use_stream)
+    if not apply_hook:
+        overrides["execution_mode"] = "plan"
+    env = environ
+    if not use_environment:
+        env = {}
+    if env is not None and not isinstance(env, Mapping):
+        raise TypeError(f"environ must be a mapping of str to str, not {type(env).__name__}")
+    if chosen is None and component != "model":
+        resolved = settings
+        if resolved is None:
+            resolved = DynamicOffloadSettings.from_env(
+                preset, config, env=env, wsl=running_on_wsl
+            )
+            settings, config, env, running_on_wsl = resolved, None, None, None
+        chosen = resolved.policy_for(component)["route"]
+    if chosen is not None:
+        overrides["route"] = chosen
     return _enable(
         model,
         preset=preset,
@@ -410,7 +580,10 @@ def enable_offload(
         config=config,
         execution_device=execution_device,
         record_event=record_event,
-        overrides=config_overrides,
+        overrides=overrides,
+        label=component if component != "model" else None,
+        env=dict(env) if env is not None else None,
+        wsl=running_on_wsl,
     )
 
 

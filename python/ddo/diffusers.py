@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 from . import _C
-from .api import OffloadResult, ProfileRunContext, RecordEvent, _enable
+from .api import OffloadResult, ProfileRunContext, RecordEvent, _check_public_args, _enable
 from .config import DynamicOffloadConfig, DynamicOffloadSettings
 
 __all__ = ["PipelineOffloadResult", "enable_pipeline_offload", "pipeline_components"]
@@ -67,6 +67,32 @@ class PipelineOffloadResult:
         self.routes = routes
         self.skipped = skipped
         self.profiled_component = profiled
+
+    # A read-only mapping of component name -> OffloadResult, as the seed library's
+    # enable_pipeline_offload returns a dict of its results.
+    def __getitem__(self, name: str) -> Optional[OffloadResult]:
+        return self.component(name)
+
+    def __iter__(self):
+        return iter(self.components)
+
+    def __len__(self) -> int:
+        return len(self.components)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.components
+
+    def keys(self):
+        return self.components.keys()
+
+    def values(self):
+        return self.components.values()
+
+    def items(self):
+        return self.components.items()
+
+    def get(self, name: str, default: Any = None) -> Optional[OffloadResult]:
+        return self.components.get(name, default)
 
     def component(self, name: str) -> Optional[OffloadResult]:
         if name not in self.components:
@@ -120,7 +146,7 @@ class PipelineOffloadResult:
 
 def enable_pipeline_offload(
     pipeline: Any,
-    preset: Optional[str] = "auto",
+    preset: Optional[str] = None,
     profile_name: Optional[str] = None,
     build_profile: bool = False,
     settings: Optional[DynamicOffloadSettings] = None,
@@ -128,19 +154,62 @@ def enable_pipeline_offload(
     execution_device: Optional[str] = None,
     record_event: Optional[RecordEvent] = None,
     profile_component: Optional[str] = None,
+    *,
+    components: Any = None,
+    offload_device: Any = "cpu",
+    low_cpu_mem_usage: bool = True,
+    running_on_wsl: Optional[bool] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    use_environment: bool = True,
+    apply_hook: bool = True,
     **config_overrides: Any,
 ) -> PipelineOffloadResult:
     """Offloads every nn.Module component of ``pipeline`` with one settings object.
 
     Arguments as for ``enable_offload``; ``profile_component`` names the component the profile
     options apply to (default: the first on the dynamic route). A failure on one component
-    restores the ones already done.
+    restores the ones already done. The result also reads as a dict of component name ->
+    OffloadResult (the seed library returns a dict).
+
+    The seed library's keywords: ``components`` (a mapping of name -> module, or the names of
+    the pipeline's components to handle), ``running_on_wsl``, ``environ``, ``use_environment``,
+    ``apply_hook`` and ``offload_device`` as for ``enable_offload``; ``low_cpu_mem_usage`` is
+    accepted and has no effect.
     """
+    execution_device = _check_public_args(
+        preset, profile_name, build_profile, execution_device, record_event
+    )
     modules, skipped = pipeline_components(pipeline)
+    if components is not None:
+        if isinstance(components, Mapping):
+            modules = {k: v for k, v in components.items() if isinstance(v, nn.Module)}
+        else:
+            names = list(components)
+            missing = [n for n in names if n not in modules]
+            if missing:
+                raise _C.NotFoundError(
+                    f"components {missing} are not nn.Module components of the pipeline; "
+                    f"components: {', '.join(modules)}"
+                )
+            modules = {n: modules[n] for n in names}
+    if offload_device is not None and str(offload_device) != "cpu":
+        raise ValueError(
+            f"offload_device={offload_device!r} is not supported: ddo streams weights from host "
+            "memory; pass 'cpu'"
+        )
+    if not apply_hook:
+        config_overrides["execution_mode"] = "plan"
+    env = {} if not use_environment else environ
     if settings is not None and config is not None:
         raise TypeError("pass either settings= or config=, not both")
     if settings is None:
-        settings = DynamicOffloadSettings.from_env(preset, config, **config_overrides)
+        settings = DynamicOffloadSettings.from_env(
+            preset,
+            config,
+            env=dict(env) if env is not None else None,
+            wsl=running_on_wsl,
+            **config_overrides,
+        )
     elif config_overrides:
         # Same rule as enable_offload: overrides apply on top of the given settings.
         settings = DynamicOffloadSettings.from_env(
@@ -177,7 +246,7 @@ def enable_pipeline_offload(
                 module,
                 preset=None,
                 profile_name=profile_name if is_profiled else None,
-                build_profile=bool(build_profile) if is_profiled else False,
+                build_profile=build_profile if is_profiled else False,
                 settings=settings,
                 config=None,
                 execution_device=device_name,

@@ -49,21 +49,49 @@ class LoadedModel:
     def report(self) -> dict[str, Any]:
         return self.offload.report() if self.offload is not None else {}
 
+    @property
+    def should_move_to_execution_device(self) -> bool:
+        """The seed library's field: True while no offload places the module."""
+        return self.offload is None or self.offload.should_move_to_execution_device
+
 
 def from_pretrained_with_dynamic_offload(
     model_path: str | os.PathLike,
     *,
-    model_loader: Any,
+    model_loader: Any = None,
     dynamic_offload_config: Optional[DynamicOffloadConfig | Mapping[str, Any]] = None,
-    apply_dynamic: bool = True,
+    apply_dynamic: bool = False,
     profile_name: Optional[str] = None,
-    build_profile: bool = False,
+    build_profile: Optional[bool] = None,
     dtype: Any = None,
-    preset: Optional[str] = "auto",
+    preset: Optional[str] = None,
     execution_device: Optional[str] = None,
     record_event: Optional[RecordEvent] = None,
     **load_kwargs: Any,
 ) -> LoadedModel:
+    """Loads a component with ``model_loader`` and, with ``apply_dynamic=True``, attaches offload.
+
+    ``apply_dynamic`` defaults to False as in the seed library: the host attaches offload later,
+    at the execution stage, with ``enable_offload`` (and passes the profile options there).
+    ``build_profile=None`` is False. Other keywords go to ``model_loader.from_pretrained``.
+    """
+    if model_loader is None:
+        raise TypeError(
+            "from_pretrained_with_dynamic_offload needs model_loader=, the class to load (e.g. "
+            "FluxTransformer2DModel) or a callable(path, **kwargs) returning the module"
+        )
+    if build_profile is None:
+        build_profile = False
+    if not isinstance(build_profile, bool):
+        raise TypeError(
+            f"build_profile must be True or False, not {build_profile!r} "
+            f"({type(build_profile).__name__})"
+        )
+    if profile_name is not None and not isinstance(profile_name, str):
+        raise TypeError(
+            f"profile_name must be a str such as 'my-workload' or None, not {profile_name!r} "
+            f"({type(profile_name).__name__})"
+        )
     if not apply_dynamic and (profile_name or build_profile):
         raise ValueError(
             "profile_name/build_profile were given with apply_dynamic=False; pass them to the "

@@ -8,15 +8,10 @@ Named profiles are created by ``enable_offload(..., profile_name=..., build_prof
     ddo.load_profile("my-workload", FluxTransformer2DModel)["recommendation"]
     ddo.list_profiles()                                 # what `ddo profiles list` shows
 
-The older host-context helpers remain for existing integrations. Their key space
-("ddo-context-*.json") is separate from named profiles::
-
-    session = ddo.DynamicOffloadProfileSession(
-        {"model": "flux", "gpu": "4090", "steps": 28},   # execution context
-        {"model": "flux", "gpu": "4090"},                # capacity context
-    )
-    session.record({"resident_budget_gb": 6.0}, success=True)
-    session.recommendation()["values"]["resident_budget_gb"]   # 6.0
+Files are the seed library's ("ddo-capacity-v1-<24 hex>.json", identity {name, model class,
+identity version 2, execution mode}), so profiles saved by ``diffusers_dynamic_offloader`` are
+found here and the other way round. The older host-context helpers, under the library's names,
+are in ``ddo.legacy``.
 """
 
 from __future__ import annotations
@@ -27,7 +22,6 @@ from typing import Any, Mapping
 from . import _C
 
 __all__ = [
-    "DynamicOffloadProfileSession",
     "HostContextStore",
     "ProfileStore",
     "context_key",
@@ -62,20 +56,33 @@ def profile_dir() -> str:
     return _C.profile_dir(None)
 
 
-def profile_key(name: str, model: Any) -> str:
-    """The 32-hex-digit key of ``{name, class qualified name, identity version}``."""
-    return _C.profile_key(name, model_class_name(model))
+def profile_key(name: str, model: Any, execution_mode: str = "linear_runtime") -> str:
+    """``"ddo-capacity-v1-"`` and 24 hex digits: the key of ``{name, class qualified name,
+    identity version, execution mode}`` (the seed library's rule, computed by ddo_core)."""
+    return _C.profile_key(name, model_class_name(model), execution_mode)
 
 
-def profile_path(name: str, model: Any, directory: str | os.PathLike | None = None) -> str:
-    return ProfileStore(_directory(directory)).path_for(name, model_class_name(model))
+def profile_path(
+    name: str,
+    model: Any,
+    directory: str | os.PathLike | None = None,
+    execution_mode: str = "linear_runtime",
+) -> str:
+    return ProfileStore(_directory(directory)).path_for(
+        name, model_class_name(model), execution_mode
+    )
 
 
 def load_profile(
-    name: str, model: Any, directory: str | os.PathLike | None = None
+    name: str,
+    model: Any,
+    directory: str | os.PathLike | None = None,
+    execution_mode: str = "linear_runtime",
 ) -> dict[str, Any] | None:
     """The stored record as a dict, or None when absent (invalid files warn and count as absent)."""
-    return ProfileStore(_directory(directory)).load(name, model_class_name(model))
+    return ProfileStore(_directory(directory)).load(
+        name, model_class_name(model), execution_mode
+    )
 
 
 def list_profiles(directory: str | os.PathLike | None = None) -> list[dict[str, Any]]:
@@ -95,55 +102,3 @@ def context_key(context: Mapping[str, Any]) -> str:
 
 def context_path(context: Mapping[str, Any], directory: str | os.PathLike | None = None) -> str:
     return _C.context_path(_directory(directory), context)
-
-
-class DynamicOffloadProfileSession:
-    """Pairs an exact execution context with a wider capacity context (legacy API).
-
-    ``record`` appends to the execution context's history (last 20 kept) and updates the
-    per-metric limits (max success, min failure) of both; ``recommendation`` gives, per metric,
-    the largest value known to succeed below every known failure.
-    """
-
-    def __init__(
-        self,
-        execution_context: Mapping[str, Any],
-        capacity_context: Mapping[str, Any] | None = None,
-        *,
-        directory: str | os.PathLike | None = None,
-    ) -> None:
-        if capacity_context is None:
-            capacity_context = execution_context
-        self._native = _C.ProfileSession(
-            _directory(directory), execution_context, capacity_context
-        )
-
-    execution_context = property(lambda self: self._native.execution_context)
-    capacity_context = property(lambda self: self._native.capacity_context)
-    execution_key = property(lambda self: self._native.execution_key)
-    capacity_key = property(lambda self: self._native.capacity_key)
-    execution_path = property(lambda self: self._native.execution_path)
-    capacity_path = property(lambda self: self._native.capacity_path)
-
-    def record(
-        self,
-        metrics: Mapping[str, float],
-        success: bool = True,
-        details: Mapping[str, Any] | None = None,
-    ) -> None:
-        self._native.record(dict(metrics), success, details)
-
-    def execution_record(self) -> dict[str, Any] | None:
-        return self._native.execution_record()
-
-    def capacity(self) -> dict[str, Any]:
-        return self._native.capacity()
-
-    def recommendation(self) -> dict[str, Any]:
-        return self._native.recommendation()
-
-    def __repr__(self) -> str:
-        return (
-            f"DynamicOffloadProfileSession(execution_key={self.execution_key!r}, "
-            f"capacity_key={self.capacity_key!r})"
-        )

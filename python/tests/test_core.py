@@ -147,11 +147,12 @@ def test_profile_dir_and_keys(profile_dir, monkeypatch):
     monkeypatch.delenv("DDO_PROFILE_DIR")
     monkeypatch.setenv("HOME", "/tmp/ddo-home-test")
     assert ddo.profile_dir() == os.path.join("/tmp/ddo-home-test", ".ddo", "profiles")
+    # The seed library's key: "ddo-capacity-v1-" and 24 hex digits of the identity's hash.
     key = ddo.profile_key("video-5s", "FluxTransformer2DModel")
-    assert len(key) == 32 and key != ddo.profile_key("video-8s", "FluxTransformer2DModel")
-    assert ddo.profile_path("video-5s", "FluxTransformer2DModel", "/x").endswith(
-        f"ddo-profile-{key}.json"
-    )
+    assert key.startswith("ddo-capacity-v1-") and len(key) == len("ddo-capacity-v1-") + 24
+    assert key != ddo.profile_key("video-8s", "FluxTransformer2DModel")
+    assert key != ddo.profile_key("video-5s", "FluxTransformer2DModel", "sdnq_runtime")
+    assert ddo.profile_path("video-5s", "FluxTransformer2DModel", "/x").endswith(f"/{key}.json")
 
 
 def test_legacy_host_context_session(profile_dir):
@@ -162,14 +163,19 @@ def test_legacy_host_context_session(profile_dir):
         ddo.normalize_context({"x": float("nan")})
     with pytest.raises(TypeError, match="object"):
         ddo.normalize_context({"x": object()})
+    # The seed library's session API (python/tests/test_compat.py compares it with the library).
     session = ddo.DynamicOffloadProfileSession(ctx, {"model": "flux", "gpu": "4090"})
-    session.record({"resident_budget_gb": 6.0}, success=True)
-    session.record({"resident_budget_gb": 9.0}, success=False)
-    assert session.recommendation()["values"]["resident_budget_gb"] == 6.0
-    cap = session.capacity()["resident_budget_gb"]
-    assert cap["max_success"] == 6.0 and cap["min_failure"] == 9.0
-    assert len(session.execution_record()["observations"]) == 2
-    assert os.path.basename(session.execution_path).startswith("ddo-context-")
-    assert os.path.dirname(session.execution_path) == str(profile_dir)
+    metric = {"metric": "resident_budget_gb"}
+    session.record_success({"status": "success", "capacity": {**metric, "value": 6.0}},
+                           recommendation={"profile_resident_module_budget_gb": 6.0})
+    session.record_success({"status": "failure", "capacity": {**metric, "value": 9.0}})
+    assert ddo.get_dynamic_offload_profile_recommendation(session.execution_profile) == {
+        "profile_resident_module_budget_gb": 6.0
+    }
+    cap = ddo.get_dynamic_offload_profile_capacity(session.capacity_profile, "resident_budget_gb")
+    assert cap == {"max_success": 6.0, "min_failure": 9.0}
+    assert len(session.execution_profile["observations"]) == 2
+    assert session.execution_path.name.startswith("ddo-capacity-v1-")
+    assert str(session.execution_path.parent) == str(profile_dir)
     # Legacy contexts never show up as named profiles.
     assert ddo.list_profiles() == []

@@ -58,9 +58,11 @@ def test_calibrate_save_reuse(profile_dir):
     assert report["path"] == path
     assert os.path.dirname(path) == str(profile_dir)
     record = ddo.load_profile("my-workload", model)
-    assert record["identity"]["name"] == "my-workload"
-    assert record["identity"]["model_class"] == "TinyNet"  # the class qualified name
-    saved_budget = record["recommendation"]["resident_budget_gb"]
+    # The seed library's file: its identity is the "context", its budget key its own.
+    assert record["context"]["name"] == "my-workload"
+    assert record["context"]["model_class"] == "TinyNet"  # the class qualified name
+    assert record["context"]["execution_mode"] == "linear_runtime"
+    saved_budget = record["recommendation"]["profile_resident_module_budget_gb"]
     assert saved_budget == pytest.approx(report["resident_budget_gb"])
 
     # Normal run: the recommendation is applied at setup; the region is a no-op.
@@ -124,17 +126,24 @@ def test_no_name_disables_profile_lookup():
 
 
 def test_manual_budget_wins_over_the_profile():
+    # The seed library reports {"name", "status": "disabled"} and does not load the profile;
+    # ddo says the same and keeps its fields that say why (issue 17).
     model, pipeline, inputs = make_workload()
     seed_run(model, pipeline, inputs, calibrate=True)
     _, report = seed_run(model, pipeline, inputs, calibrate=False, resident_module_budget_gb=0.25)
+    assert report["status"] == "disabled"
     assert report["resident_budget_gb"] == pytest.approx(0.25)
     assert report.get("budget_source") == "manual"
+    assert "recommended_budget_gb" not in report
+    assert any("overrides profile reuse" in note for note in report["notes"])
 
 
 def test_max_cap_caps_the_recommendation():
     model, pipeline, inputs = make_workload()
     seed_run(model, pipeline, inputs, calibrate=True)
-    saved = ddo.load_profile("my-workload", model)["recommendation"]["resident_budget_gb"]
+    saved = ddo.load_profile("my-workload", model)["recommendation"][
+        "profile_resident_module_budget_gb"
+    ]
     assert saved > 0.5
     _, report = seed_run(model, pipeline, inputs, calibrate=False,
                          max_resident_module_budget_gb=0.5)
@@ -150,7 +159,7 @@ def test_profile_dir_env_is_honoured(monkeypatch, tmp_path):
     assert os.path.dirname(report["path"]) == str(elsewhere)
     files = os.listdir(elsewhere)
     key = ddo.profile_key("my-workload", model)
-    assert f"ddo-profile-{key}.json" in files
+    assert f"{key}.json" in files and key.startswith("ddo-capacity-v1-")
 
 
 def test_headroom_env_is_honoured(monkeypatch):
@@ -194,8 +203,8 @@ def test_python_profile_is_visible_to_the_cpp_store(profile_dir):
         ("shared-with-cli", "TinyNet", key)
     ]
     assert not listing[0].get("problem")
-    assert os.path.basename(report["path"]) == f"ddo-profile-{key}.json"
-    assert store.load_by_key(key)["identity"]["name"] == "shared-with-cli"
+    assert os.path.basename(report["path"]) == f"{key}.json"
+    assert store.load_by_key(key)["context"]["name"] == "shared-with-cli"
     cli = os.environ.get("DDO_CLI") or shutil.which("ddo")
     if cli:
         out = subprocess.run([cli, "profiles", "list"], capture_output=True, text=True,
