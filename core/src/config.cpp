@@ -7,6 +7,7 @@
 #include <limits>
 #include <regex>
 #include <type_traits>
+#include <vector>
 #include <variant>
 
 #include <fmt/format.h>
@@ -285,6 +286,113 @@ std::size_t nesting_depth(std::string_view pattern) {
   return deepest;
 }
 
+// Note [Pattern repetition]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// libstdc++'s std::regex compiles a counted repetition x{m,n} by copying x's states n times, so
+// nested counts multiply: ((a{100}){100}){100} builds a million states, and a count with more
+// digits than a long holds overflowed (signed overflow, undefined behaviour, in
+// _Compiler::_M_cur_int_value; found by fuzz/patterns_fuzz.cpp with "\777777777000001048532141",
+// the same code reads back-reference numbers). Before compiling, a pattern's states are counted
+// with every repetition applied (x* and x+ as two copies): at most kMaxPatternStates, and each
+// count or back-reference number has at most kMaxPatternCountDigits digits. A module pattern
+// repeats little; the limits leave room for any real one.
+constexpr std::size_t kMaxPatternStates = 10000;
+constexpr std::size_t kMaxPatternCountDigits = 4;
+
+// Why `pattern` would compile to too many states or holds too large a number; "" when it is fine.
+// Malformed syntax is left to std::regex, which reports it.
+std::string repetition_problem(std::string_view pattern) {
+  static constexpr std::size_t kOver = kMaxPatternStates + 1;
+  const auto capped = [](std::size_t v) { return std::min(v, kOver); };
+  struct Frame {
+    std::size_t total = 0;  // states of the finished terms of this group
+    std::size_t last = 0;   // states of the latest term, which a quantifier repeats
+  };
+  std::vector<Frame> stack(1);
+  const auto add_term = [&](std::size_t states) {
+    Frame& f = stack.back();
+    f.total = capped(f.total + f.last);
+    f.last = states;
+  };
+  const auto repeat_last = [&](std::size_t times) {
+    Frame& f = stack.back();
+    f.last = capped(f.last * times);
+  };
+  // Reads the digits at `i`; false when there are more than kMaxPatternCountDigits.
+  const auto read_number = [&](std::size_t& i, std::size_t* value) {
+    std::size_t digits = 0;
+    *value = 0;
+    while (i < pattern.size() && pattern[i] >= '0' && pattern[i] <= '9') {
+      if (++digits > kMaxPatternCountDigits) return false;
+      *value = *value * 10 + static_cast<std::size_t>(pattern[i] - '0');
+      ++i;
+    }
+    return true;
+  };
+  const std::string too_long =
+      internal::str_cat("holds a repetition count or back-reference with more than ",
+                        kMaxPatternCountDigits, " digits");
+  for (std::size_t i = 0; i < pattern.size();) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      ++i;
+      std::size_t number = 0;
+      if (i < pattern.size() && pattern[i] >= '1' && pattern[i] <= '9') {
+        if (!read_number(i, &number)) return too_long;
+      } else {
+        ++i;
+      }
+      add_term(1);
+    } else if (c == '[') {
+      for (++i; i < pattern.size() && pattern[i] != ']'; ++i) {
+        if (pattern[i] == '\\') ++i;
+      }
+      ++i;
+      add_term(1);
+    } else if (c == '(') {
+      stack.emplace_back();
+      ++i;
+    } else if (c == ')' && stack.size() > 1) {
+      const Frame inner = stack.back();
+      stack.pop_back();
+      add_term(capped(inner.total + inner.last + 1));
+      ++i;
+    } else if (c == '{') {
+      std::size_t low = 0, high = 0;
+      ++i;
+      if (!read_number(i, &low)) return too_long;
+      high = low;
+      if (i < pattern.size() && pattern[i] == ',') {
+        ++i;
+        if (!read_number(i, &high)) return too_long;
+        if (high == 0) high = low + 1;  // x{m,}: m copies and a star
+      }
+      repeat_last(std::max<std::size_t>(high, 1));
+      if (i < pattern.size() && pattern[i] == '}') ++i;
+    } else if (c == '*' || c == '+') {
+      repeat_last(2);
+      ++i;
+    } else if (c == '|') {
+      add_term(0);
+      ++i;
+    } else {
+      if (c != '?') add_term(1);
+      ++i;
+    }
+  }
+  while (stack.size() > 1) {  // unbalanced: std::regex will say so; count what is there
+    const Frame inner = stack.back();
+    stack.pop_back();
+    add_term(capped(inner.total + inner.last + 1));
+  }
+  const std::size_t states = capped(stack.back().total + stack.back().last);
+  if (states > kMaxPatternStates) {
+    return internal::str_cat("repeats to more than ", kMaxPatternStates,
+                             " regex states (nested counts multiply)");
+  }
+  return {};
+}
+
 }  // namespace
 
 std::span<const Field> config_fields() {
@@ -340,6 +448,13 @@ Status check_module_pattern(std::string_view source, std::size_t index,
                   internal::str_cat(source, "[", index, "] nests groups ", depth,
                                     " deep; a module pattern may nest at most ", kMaxPatternNesting,
                                     " deep; write it with fewer parentheses"));
+  }
+  if (const std::string problem = repetition_problem(pattern); !problem.empty()) {
+    return Status(Code::kInvalidArgument,
+                  internal::str_cat(source, "[", index, "] ", problem,
+                                    " (Note [Pattern repetition]); a module pattern may repeat at "
+                                    "most ",
+                                    kMaxPatternStates, " states; write it with smaller counts"));
   }
   try {
     std::regex compiled(pattern, std::regex::ECMAScript);

@@ -364,6 +364,27 @@ TEST(ConfigPatterns, DeepOrLongPatternsAreErrorsNotCrashes) {
   EXPECT_FALSE(check_module_pattern("p", 0, std::string(1001, 'a')).ok());
 }
 
+// Found by fuzz/patterns_fuzz.cpp: a back-reference or count with more digits than a long holds
+// overflowed inside libstdc++'s regex compiler (undefined behaviour), and nested counts multiply
+// the states it builds (Note [Pattern repetition] in config.cpp).
+TEST(ConfigValidate, PatternRepetitionIsBounded) {
+  for (const char* pattern :
+       {R"(\777777777000001048532141)", "a{99999999999}", "a{1,99999}", "((a{100}){100}){100}",
+        "(x{99}){99}(y{99}){99}", "(((((((((((((((a+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)"}) {
+    const Status s = check_module_pattern("skip_modules_pattern", 1, pattern);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << pattern;
+    EXPECT_NE(s.message().find("skip_modules_pattern[1]"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("Note [Pattern repetition]"), std::string::npos) << s.message();
+  }
+  // Real module patterns repeat little and stay accepted.
+  for (const char* pattern :
+       {R"(^transformer_blocks\.[0-9]+$)", R"(^(single_)?transformer_blocks\.(1[0-9]|2[0-7])\.)",
+        R"(\d{1,3}\.attn)", "a{2,3}b{4,}", R"((\w+)\.\1)", "(a{100}){99}", R"([{}()*+]{9})"}) {
+    EXPECT_TRUE(check_module_pattern("p", 0, pattern).ok())
+        << pattern << ": " << check_module_pattern("p", 0, pattern).message();
+  }
+}
+
 TEST(ConfigValidate, RejectsNonFinite) {
   DynamicOffloadConfig c;
   c.profile_vram_headroom_gb = std::numeric_limits<double>::quiet_NaN();
