@@ -5,12 +5,29 @@
 #include <cerrno>
 #include <charconv>
 
+#ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#ifndef NOMINMAX  // MinGW's libstdc++ defines it
+#define NOMINMAX
+#endif
+#include <windows.h>
+#else
 #include <fcntl.h>
 #include <unistd.h>
+#endif
 
 namespace ddo::core {
 namespace {
 
+// Note [Platform facts on Windows]
+// Windows has no /proc: RAM comes from GlobalMemoryStatusEx (ullAvailPhys counts the standby
+// list, the counterpart of MemAvailable's reclaimable cache), and a native Windows process is
+// never WSL (only the environment can say so). The text parsers stay the same on every platform.
+#ifdef _WIN32
+std::string read_file(const char* /*path*/) {
+  return {};
+}
+#else
 // POSIX reads, not <fstream>: see Note [No iostreams] in ddo/core/status.h.
 std::string read_file(const char* path) {
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -28,6 +45,7 @@ std::string read_file(const char* path) {
   ::close(fd);
   return out;
 }
+#endif
 
 bool contains_ignore_case(std::string_view haystack, std::string_view needle) {
   auto it = std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end(),
@@ -98,7 +116,17 @@ MemInfo parse_meminfo(std::string_view text) {
 }
 
 MemInfo read_meminfo() {
+#ifdef _WIN32
+  MEMORYSTATUSEX status{};
+  status.dwLength = sizeof(status);
+  if (!GlobalMemoryStatusEx(&status)) return {};
+  MemInfo info;
+  info.total_bytes = static_cast<std::int64_t>(status.ullTotalPhys);
+  info.available_bytes = static_cast<std::int64_t>(status.ullAvailPhys);
+  return info;
+#else
   return parse_meminfo(read_file("/proc/meminfo"));
+#endif
 }
 
 std::optional<std::int64_t> detect_available_ram_bytes() {

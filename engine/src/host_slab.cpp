@@ -8,7 +8,11 @@
 #include <thread>
 #include <utility>
 
+#ifdef _WIN32
+#include <malloc.h>  // _aligned_malloc
+#else
 #include <sys/mman.h>
+#endif
 
 #include "ddo/core/units.h"
 
@@ -89,9 +93,22 @@ std::vector<Slab> pack(const std::vector<SlabTensor>& tensors,
 }
 
 void* ordinary_alloc(std::size_t bytes, std::size_t alignment) {
+#ifdef _WIN32
+  return _aligned_malloc(std::max<std::size_t>(bytes, 1), alignment);  // no posix_memalign
+#else
   void* ptr = nullptr;
   if (posix_memalign(&ptr, alignment, std::max<std::size_t>(bytes, 1)) != 0) return nullptr;
   return ptr;
+#endif
+}
+
+// Frees what ordinary_alloc returned.
+void ordinary_free(void* ptr) {
+#ifdef _WIN32
+  _aligned_free(ptr);
+#else
+  std::free(ptr);
+#endif
 }
 
 // Memory for a slab that will be registered after the fill: huge-page aligned and advised, so
@@ -128,11 +145,11 @@ struct HostSlabs::Impl {
           break;
         case SlabMemory::kRegistered:
           device->unregister_host(slab.base);
-          std::free(slab.base);
+          ordinary_free(slab.base);
           break;
         case SlabMemory::kPendingRegister:
         case SlabMemory::kOrdinary:
-          std::free(slab.base);
+          ordinary_free(slab.base);
           break;
       }
     }

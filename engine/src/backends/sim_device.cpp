@@ -11,6 +11,9 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#ifdef _WIN32
+#include <malloc.h>  // _aligned_malloc
+#endif
 
 #include "ddo/engine/device.h"
 #include "ddo/engine/sim_faults.h"
@@ -47,7 +50,20 @@ std::size_t round_up(std::size_t bytes, std::size_t alignment) {
 void* aligned_host_alloc(std::size_t bytes, std::size_t alignment) {
   // aligned_alloc needs a size that is a multiple of the alignment; zero-byte requests still get
   // a unique address so deallocate() can find them.
-  return std::aligned_alloc(alignment, round_up(std::max<std::size_t>(bytes, 1), alignment));
+  const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), alignment);
+#ifdef _WIN32
+  return _aligned_malloc(size, alignment);  // the C runtime of Windows has no aligned_alloc
+#else
+  return std::aligned_alloc(alignment, size);
+#endif
+}
+
+void aligned_host_free(void* ptr) {
+#ifdef _WIN32
+  _aligned_free(ptr);
+#else
+  std::free(ptr);
+#endif
 }
 
 struct EventState {
@@ -137,8 +153,8 @@ class SimDevice final : public Device {
       : options_(options), faults_(std::move(faults)) {}
 
   ~SimDevice() override {
-    for (auto& [ptr, bytes] : device_allocs_) std::free(ptr);
-    for (auto& [ptr, bytes] : host_allocs_) std::free(ptr);
+    for (auto& [ptr, bytes] : device_allocs_) aligned_host_free(ptr);
+    for (auto& [ptr, bytes] : host_allocs_) aligned_host_free(ptr);
   }
 
   DeviceCaps caps() const override {
@@ -188,7 +204,7 @@ class SimDevice final : public Device {
                "deallocate of a pointer the simulated device did not "
                "allocate");
     used_bytes_ -= static_cast<std::int64_t>(it->second);
-    std::free(it->first);
+    aligned_host_free(it->first);
     device_allocs_.erase(it);
   }
 
@@ -216,7 +232,7 @@ class SimDevice final : public Device {
                "deallocate_host of a pointer allocate_host did not "
                "return");
     pinned_bytes_ -= static_cast<std::int64_t>(it->second);
-    std::free(it->first);
+    aligned_host_free(it->first);
     host_allocs_.erase(it);
   }
 
