@@ -309,6 +309,7 @@ std::string repetition_problem(std::string_view pattern) {
     std::size_t last = 0;   // states of the latest term, which a quantifier repeats
   };
   std::vector<Frame> stack(1);
+  bool after_quantifier = false;  // the previous token was *, +, {m,n} (or one of them and ?)
   const auto add_term = [&](std::size_t states) {
     Frame& f = stack.back();
     f.total = capped(f.total + f.last);
@@ -332,8 +333,14 @@ std::string repetition_problem(std::string_view pattern) {
   const std::string too_long =
       internal::str_cat("holds a repetition count or back-reference with more than ",
                         kMaxPatternCountDigits, " digits");
+  const std::string stacked =
+      "repeats a repetition directly (such as a** or a+{2}), which backtracks exponentially; "
+      "JavaScript refuses it as well";
   for (std::size_t i = 0; i < pattern.size();) {
     const char c = pattern[i];
+    const bool quantifier = c == '*' || c == '+' || c == '{';
+    if (quantifier && after_quantifier) return stacked;
+    after_quantifier = quantifier || (c == '?' && after_quantifier);
     if (c == '\\') {
       ++i;
       std::size_t number = 0;
