@@ -294,8 +294,11 @@ std::size_t nesting_depth(std::string_view pattern) {
 // _Compiler::_M_cur_int_value; found by fuzz/patterns_fuzz.cpp with "\777777777000001048532141",
 // the same code reads back-reference numbers). Before compiling, a pattern's states are counted
 // with every repetition applied (x* and x+ as two copies): at most kMaxPatternStates, and each
-// count or back-reference number has at most kMaxPatternCountDigits digits. A module pattern
-// repeats little; the limits leave room for any real one.
+// count or back-reference number has at most kMaxPatternCountDigits digits. A quantifier that
+// repeats a quantifier (a**, a+{2}) is refused: std::regex_search backtracked exponentially on it
+// (a********* stalled the fuzzer for 10 s on one module name). A module pattern repeats little;
+// the limits leave room for any real one. Nested quantified groups such as (a*)* within the state
+// limit still backtrack (std::regex has no linear-time engine); names are short enough for now.
 constexpr std::size_t kMaxPatternStates = 10000;
 constexpr std::size_t kMaxPatternCountDigits = 4;
 
