@@ -296,9 +296,11 @@ std::size_t nesting_depth(std::string_view pattern) {
 // with every repetition applied (x* and x+ as two copies): at most kMaxPatternStates, and each
 // count or back-reference number has at most kMaxPatternCountDigits digits. A quantifier that
 // repeats a quantifier (a**, a+{2}) is refused: std::regex_search backtracked exponentially on it
-// (a********* stalled the fuzzer for 10 s on one module name). A module pattern repeats little;
-// the limits leave room for any real one. Nested quantified groups such as (a*)* within the state
-// limit still backtrack (std::regex has no linear-time engine); names are short enough for now.
+// (a********* stalled the fuzzer for 10 s on one module name), and so is repeating a group that
+// already repeats without bound ((a*)*, (a+){2}; ((((a*)*)....*)*) stalled it as well). A module
+// pattern repeats little; the limits leave room for any real one. Alternations that overlap
+// inside one unbounded repeat, such as (a|aa)*, can still backtrack: std::regex has no
+// linear-time engine, and module names are short.
 constexpr std::size_t kMaxPatternStates = 10000;
 constexpr std::size_t kMaxPatternCountDigits = 4;
 
@@ -308,20 +310,33 @@ std::string repetition_problem(std::string_view pattern) {
   static constexpr std::size_t kOver = kMaxPatternStates + 1;
   const auto capped = [](std::size_t v) { return std::min(v, kOver); };
   struct Frame {
-    std::size_t total = 0;  // states of the finished terms of this group
-    std::size_t last = 0;   // states of the latest term, which a quantifier repeats
+    std::size_t total = 0;        // states of the finished terms of this group
+    std::size_t last = 0;         // states of the latest term, which a quantifier repeats
+    bool unbounded = false;       // some term of this group repeats without bound (*, +, {m,})
+    bool last_unbounded = false;  // ... the latest term does
   };
   std::vector<Frame> stack(1);
   bool after_quantifier = false;  // the previous token was *, +, {m,n} (or one of them and ?)
-  const auto add_term = [&](std::size_t states) {
+  const auto add_term = [&](std::size_t states, bool unbounded = false) {
     Frame& f = stack.back();
     f.total = capped(f.total + f.last);
     f.last = states;
+    f.last_unbounded = unbounded;
+    f.unbounded = f.unbounded || unbounded;
   };
-  const auto repeat_last = [&](std::size_t times) {
+  // Repeats the latest term `times` times, without bound when `unbounded`; false when that term
+  // already repeats without bound (see Note [Pattern repetition]).
+  const auto repeat_last = [&](std::size_t times, bool unbounded) {
     Frame& f = stack.back();
+    if (f.last_unbounded && (unbounded || times > 1)) return false;
     f.last = capped(f.last * times);
+    f.last_unbounded = f.last_unbounded || unbounded;
+    f.unbounded = f.unbounded || unbounded;
+    return true;
   };
+  const std::string nested =
+      "repeats a group that already repeats without bound (such as (a*)* or (a+){2}), which "
+      "backtracks exponentially";
   // Reads the digits at `i`; false when there are more than kMaxPatternCountDigits.
   const auto read_number = [&](std::size_t& i, std::size_t* value) {
     std::size_t digits = 0;
@@ -365,22 +380,25 @@ std::string repetition_problem(std::string_view pattern) {
     } else if (c == ')' && stack.size() > 1) {
       const Frame inner = stack.back();
       stack.pop_back();
-      add_term(capped(inner.total + inner.last + 1));
+      add_term(capped(inner.total + inner.last + 1), inner.unbounded);
       ++i;
     } else if (c == '{') {
       std::size_t low = 0, high = 0;
       ++i;
       if (!read_number(i, &low)) return too_long;
       high = low;
+      bool open_ended = false;
       if (i < pattern.size() && pattern[i] == ',') {
         ++i;
+        const std::size_t at = i;
         if (!read_number(i, &high)) return too_long;
-        if (high == 0) high = low + 1;  // x{m,}: m copies and a star
+        open_ended = i == at;
+        if (open_ended) high = low + 1;  // x{m,}: m copies and a star
       }
-      repeat_last(std::max<std::size_t>(high, 1));
+      if (!repeat_last(std::max<std::size_t>(high, 1), open_ended)) return nested;
       if (i < pattern.size() && pattern[i] == '}') ++i;
     } else if (c == '*' || c == '+') {
-      repeat_last(2);
+      if (!repeat_last(2, true)) return nested;
       ++i;
     } else if (c == '|') {
       add_term(0);

@@ -371,7 +371,8 @@ TEST(ConfigValidate, PatternRepetitionIsBounded) {
   for (const char* pattern :
        {R"(\777777777000001048532141)", "a{99999999999}", "a{1,99999}", "((a{100}){100}){100}",
         "(x{99}){99}(y{99}){99}", "(((((((((((((((a+)+)+)+)+)+)+)+)+)+)+)+)+)+)+)",
-        "(a*********@|net)", "a+*", "a{2}{3}", "a*?*"}) {
+        "(a*********@|net)", "a+*", "a{2}{3}", "a*?*", "((((a*)*)....*)*)", "(a+){2}",
+        "(x(y{1,})?z)*", R"((blocks\.\d+\.)+)"}) {
     const Status s = check_module_pattern("skip_modules_pattern", 1, pattern);
     EXPECT_EQ(s.code(), Code::kInvalidArgument) << pattern;
     EXPECT_NE(s.message().find("skip_modules_pattern[1]"), std::string::npos) << s.message();
@@ -380,8 +381,8 @@ TEST(ConfigValidate, PatternRepetitionIsBounded) {
   // Real module patterns repeat little and stay accepted.
   for (const char* pattern :
        {R"(^transformer_blocks\.[0-9]+$)", R"(^(single_)?transformer_blocks\.(1[0-9]|2[0-7])\.)",
-        R"(\d{1,3}\.attn)", "a{2,3}b{4,}", "a*?b+?c{2}?", R"((\w+)\.\1)", "(a{100}){99}",
-        R"([{}()*+]{9})"}) {
+        R"(\d{1,3}\.attn)", "a{2,3}b{4,}", "a*?b+?c{2}?", R"((\.blocks\.[0-9]{1,3})*$)", "(a*)?",
+        R"((\w+)\.\1)", "(a{100}){99}", R"([{}()*+]{9})"}) {
     EXPECT_TRUE(check_module_pattern("p", 0, pattern).ok())
         << pattern << ": " << check_module_pattern("p", 0, pattern).message();
   }
