@@ -16,7 +16,8 @@ Example row:
 import json
 import sys
 
-ROUTE_ORDER = {"resident": 0, "calibration": 1, "calibrated": 2, "block": 3, "leaf": 4}
+ROUTE_ORDER = {"resident": 0, "noprofile": 1, "calibration": 2, "calibrated": 3, "block": 4,
+               "leaf": 5}
 # W1-py's block and leaf rows are diffusers' own group offload; W1's are ddo's compat presets.
 PY_ROUTE_NAMES = {"block": "diffusers block", "leaf": "diffusers leaf"}
 HEAD = ("| workload | cap GiB | route | setup s | first step s | median step s | streamed GB/step | "
@@ -49,9 +50,15 @@ def sort_key(row: dict):
     return (row["route"] != "resident", cap == 0, cap, ROUTE_ORDER.get(row["route"], 9))
 
 
-def targets(row: dict) -> str:
+def targets(row: dict, doc: dict | None = None) -> str:
     notes = []
     cap = cap_of(row)
+    if row["route"] == "noprofile" and doc and row.get("median_step_s"):
+        # Issue 15's target: without a profile, <= 1.05 x the calibrated step at the same cap.
+        for other in doc.get("rows", []):
+            if other["route"] == "calibrated" and cap_of(other) == cap and other.get("median_step_s"):
+                ratio = row["median_step_s"] / other["median_step_s"]
+                notes.append(f"{ratio:.2f} x calibrated" + (" (> 1.05)" if ratio > 1.05 else ""))
     if cap and isinstance(row.get("peak_vram_gib"), (int, float)) and row["peak_vram_gib"] > cap:
         notes.append("VRAM over cap")
     if row["route"] == "calibrated" and row.get("efficiency", 0) < 0.95:
@@ -72,7 +79,7 @@ def line(doc: dict, row: dict) -> str:
         cells = [f"failed: {err}"] + ["-"] * 5 + [cell(row, "peak_vram_gib", 2),
                                                   cell(row, "peak_host_rss_gib", 1), "-", "-", "-"]
     else:
-        cells = [cell(row, key, digits) for key, digits in CELLS] + [targets(row)]
+        cells = [cell(row, key, digits) for key, digits in CELLS] + [targets(row, doc)]
     return "| " + " | ".join(head + cells) + " |"
 
 

@@ -8,6 +8,7 @@ forward per step. Rows, all in one invocation:
   resident      the whole model on the GPU (.to("cuda")): gives T_resident
   calibration   per cap: ddo preset one_shot_fast, build_profile=True, steps inside profile_run()
   calibrated    per cap: the normal run (build_profile=False) applying the saved recommendation
+  noprofile     per cap: a first run without a profile (no profile_name): the auto policy alone
   block, leaf   diffusers' enable_group_offload (block_level with 1 block per group / leaf_level,
                 use_stream=True, record_stream=True), each in a subprocess of this script (its
                 hooks are not removed cleanly), uncapped: they need little VRAM
@@ -26,7 +27,7 @@ with bench/w1).
   scripts/gpu-bench-table.py w1py.json > w1py.md
   python bench/python/w1_py.py --size tiny --device sim          # CPU smoke test, sim device
 
-Flags: --size full|tiny, --caps GiB list, --steps N, --routes resident,calibrated,block,leaf,
+Flags: --size full|tiny, --caps GiB list, --steps N, --routes resident,calibrated,noprofile,block,leaf,
 --device cuda|sim (sim: ddo rows on the host simulation with sim_device_capacity_gb=cap, the
 resident row on the CPU, diffusers routes skipped), --t-resident S (when the resident row is not
 run), --overrides JSON (config fields for every ddo row), --sample-ms, --child-timeout,
@@ -81,7 +82,7 @@ SIZES = {
 # tiny: at 0.1 GiB the window is smaller than the streamed bytes (every step streams) and the
 # recommendation is 0 (1 GiB headroom); at 1.5 GiB the calibrated run keeps everything resident.
 DEFAULT_CAPS = {"full": "8,12,16,24", "tiny": "0.1,1.5"}
-ALL_ROUTES = ("resident", "calibrated", "block", "leaf")
+ALL_ROUTES = ("resident", "calibrated", "noprofile", "block", "leaf")
 
 
 def build_model(size: str, device: str):
@@ -389,13 +390,13 @@ def _run_delta(before: dict, after: dict, key: str) -> float:
     return float(after.get(key, 0)) - float(before.get(key, 0))
 
 
-def row_ddo(ctx: dict, row: dict, cap: float, calibrate: bool) -> None:
+def row_ddo(ctx: dict, row: dict, cap: float, calibrate: bool, profile: bool = True) -> None:
     import ddo
 
     cuda = ctx["cuda"]
     model = ctx["model"]
     steps = ctx["steps"]
-    name = f"w1py-cap{cap:g}"
+    name = f"w1py-cap{cap:g}" if profile else None
     row["profile_name"] = name
     kwargs = dict(ctx["overrides"], preset="one_shot_fast", profile_name=name,
                   build_profile=calibrate)
@@ -589,8 +590,8 @@ def parse_args(argv=None):
     p.add_argument("--caps", help="GiB list (default: 8,12,16,24 full; tiny values for tiny)")
     p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up (>= 5)")
     p.add_argument("--routes", default=",".join(ALL_ROUTES),
-                   help="subset of resident,calibrated,block,leaf (calibrated = calibration + "
-                        "calibrated per cap)")
+                   help="subset of resident,calibrated,noprofile,block,leaf (calibrated = "
+                        "calibration + calibrated per cap; noprofile = no profile_name per cap)")
     p.add_argument("--device", choices=("cuda", "sim"), default=None,
                    help="default: cuda when available, else sim")
     p.add_argument("--t-resident", type=float, default=None,
@@ -728,8 +729,10 @@ def main(argv=None) -> int:
         if r.get("median_step_s") is not None and args.t_resident is None:
             result["t_resident_s"] = r["median_step_s"]
             save()
-    if "calibrated" in args.routes:
-        for cap in args.caps:
+    for cap in args.caps:
+        if "noprofile" in args.routes:  # first: nothing measured yet in this process
+            add("noprofile", cap, "one_shot_fast", row_ddo, cap, False, False)
+        if "calibrated" in args.routes:
             add("calibration", cap, "one_shot_fast", row_ddo, cap, True)
             add("calibrated", cap, "one_shot_fast", row_ddo, cap, False)
 

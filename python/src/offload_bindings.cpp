@@ -103,7 +103,7 @@ struct SetupEvents {
 struct OffloadArgs {
   std::string model_class;
   py::list entries;
-  std::string preset = "auto";
+  std::optional<std::string> preset;  // None: DDO_PRESET, else auto
   std::string profile_name;
   bool build_profile = false;
   const core::DynamicOffloadSettings* settings = nullptr;
@@ -250,7 +250,8 @@ void bind_offload(py::module_& m) {
 
   m.def(
       "enable_offload_tree",
-      [](const std::string& model_class, const py::list& entries, const std::string& preset,
+      [](const std::string& model_class, const py::list& entries,
+         const std::optional<std::string>& preset,
          const std::string& profile_name, bool build_profile,
          const core::DynamicOffloadSettings* settings, py::object config, py::object overrides,
          const std::string& execution_device, py::object record_event, py::object env,
@@ -271,7 +272,7 @@ void bind_offload(py::module_& m) {
         args.check_signals = check_signals;
         return enable(std::move(args));
       },
-      py::arg("model_class"), py::arg("entries"), py::arg("preset") = "auto",
+      py::arg("model_class"), py::arg("entries"), py::arg("preset") = py::none(),
       py::arg("profile_name") = "", py::arg("build_profile") = false, py::arg("settings") = nullptr,
       py::arg("config") = py::none(), py::arg("overrides") = py::none(),
       py::arg("execution_device") = "", py::arg("record_event") = py::none(),

@@ -29,6 +29,8 @@
 #endif
 
 #include "ddo/core/config.h"
+#include "ddo/core/units.h"
+#include "ddo/core/working_set.h"
 #include "ddo/engine/copy_scheduler.h"
 #include "ddo/engine/device.h"
 #include "ddo/engine/host_slab.h"
@@ -51,7 +53,6 @@ namespace {
 
 constexpr std::size_t kTensorAlignment = 256;  // staged views start 256-byte aligned
 constexpr std::size_t kFillChunkBytes = std::size_t{1} << 30;
-constexpr std::size_t kDefaultWindowBytes = std::size_t{512} << 20;  // the engine's default
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
@@ -352,6 +353,37 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
   }
 }
 
+// Before anything moves: the smallest working set this plan can run with (its always-resident
+// and move-once tensors, and a staging ring of one unit ahead, Note [Working set]) must fit in
+// what the device has free, else the error says how much it needs and what to change. Residents
+// chosen by a budget are not part of the minimum: a budget too large for the card fails at its
+// own allocation, which names the budget.
+void check_smallest_plan_fits(const OffloadState& s) {
+  const core::Plan& plan = s.plan;
+  if (!plan.execute || plan.stream_units.empty()) return;
+  std::int64_t largest = 0;
+  for (const core::StreamUnit& u : plan.stream_units) largest = std::max(largest, u.bytes);
+  const std::int64_t staging = core::min_staging_bytes(largest);
+  const std::int64_t smallest = plan.always_resident_bytes + plan.move_once_bytes + staging;
+  const engine::DeviceMemory mem = s.device->memory();
+  const std::int64_t free_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
+  if (smallest <= free_bytes) return;
+  const auto g = [](std::int64_t b) { return fmt::format("{:.2f} GiB", core::bytes_to_gib(b)); };
+  throw Error(
+      Code::kResourceExhausted,
+      fmt::format(
+          "{} is too small for this model: its smallest plan needs {} on the device "
+          "(always-resident {}, move-once {}, staging for three of the largest stream unit {} "
+          "= {}), and {} of {} is free{}. Free device memory or raise vram_cap_gb; stream the "
+          "always-resident modules too with always_resident_modules_pattern=[]; or keep modules "
+          "on the host with skip_modules_pattern. Nothing was moved.",
+          s.device_name, g(smallest), g(plan.always_resident_bytes), g(plan.move_once_bytes),
+          g(largest), g(staging), g(free_bytes), g(mem.total_bytes),
+          s.settings.config.vram_cap_gb > 0
+              ? fmt::format(" (vram_cap_gb={:g})", s.settings.config.vram_cap_gb)
+              : std::string()));
+}
+
 void apply_plan(OffloadState& s, int pin_workers) {
   const core::Plan& plan = s.plan;
   const core::DynamicOffloadConfig& config = s.settings.config;
@@ -388,6 +420,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
       s.replaced.push_back(std::move(r));
     }
   }
+
+  check_smallest_plan_fits(s);
 
   // 2. Residents and move-once tensors, one device allocation per module.
   auto t0 = Clock::now();
@@ -459,30 +493,26 @@ void apply_plan(OffloadState& s, int pin_workers) {
     slab_options.pin_by_register = s.device->caps().host_register;
     throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &rt->slabs));
 
+    // The staging ring, sized by the one rule (Note [Working set]) against the device as it is
+    // now, after residents and move-once tensors: on a small card the window shrinks to half of
+    // what the two largest units leave, the other half being the step's activations.
+    core::StagingRequest request;
+    for (const UnitLayout& u : units) {
+      request.largest_unit_bytes =
+          std::max(request.largest_unit_bytes, static_cast<std::int64_t>(u.bytes));
+      request.streamed_bytes += static_cast<std::int64_t>(u.bytes);
+    }
+    request.window_bytes = core::to_bytes_or_throw(config.prefetch_window_mb, core::ByteUnit::kMiB,
+                                                   "prefetch_window_mb");
+    request.staging_bytes =
+        core::to_bytes_or_throw(config.staging_mb, core::ByteUnit::kMiB, "staging_mb");
+    request.one_unit_ahead = rt->sticky_units;  // the classic routes: exactly one group ahead
+    const engine::DeviceMemory mem = s.device->memory();
+    request.room_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
+    const core::StagingSize staging = core::size_staging(request);
     engine::SchedulerOptions so;
-    so.staging_bytes = static_cast<std::size_t>(config.staging_mb * core::kMiB);
-    so.window_bytes = static_cast<std::size_t>(config.prefetch_window_mb * core::kMiB);
-    if (rt->sticky_units) {
-      // The classic routes prefetch exactly one group ahead.
-      std::size_t largest = 0;
-      for (const UnitLayout& u : units) largest = std::max(largest, u.bytes);
-      so.window_bytes = largest;
-    }
-    if (so.window_bytes == 0) {
-      // Bytes ahead of the running op: the engine default (512 MiB), but never more than what is
-      // streamed nor more than half of what the device has left after residents, so a small
-      // card still fits window + 2 x largest unit.
-      std::size_t largest = 0, streamed = 0;
-      for (const UnitLayout& u : units) {
-        largest = std::max(largest, u.bytes);
-        streamed += u.bytes;
-      }
-      const engine::DeviceMemory mem = s.device->memory();
-      const auto free_bytes =
-          static_cast<std::size_t>(std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes));
-      const std::size_t room = free_bytes > 2 * largest ? (free_bytes - 2 * largest) / 2 : 0;
-      so.window_bytes = std::max(largest, std::min({kDefaultWindowBytes, streamed, room}));
-    }
+    so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);
+    so.window_bytes = static_cast<std::size_t>(staging.window_bytes);
     so.use_side_stream = s.settings.side_streams_effective;
     rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
     rt->scheduler = rt->scheduler_owner.get();

@@ -57,7 +57,9 @@ using RecordEvent =
 
 /// What enable_offload() takes besides the model; every field has a working default.
 struct OffloadOptions {
-  std::string preset = "auto";  ///< a preset name (presets.h); "auto" is one_shot_fast
+  /// A preset name (presets.h; "auto" is one_shot_fast). Unset: DDO_PRESET, else "auto", as the
+  /// seed's settings loader does for a preset the code did not choose.
+  std::optional<std::string> preset;
   std::string profile_name;     ///< "" disables profile lookup
   bool build_profile = false;   ///< true for a calibration run: profile_run() measures and saves
   /// Resolved settings (then `overrides` still apply) or an explicit config (replaces defaults,
