@@ -23,6 +23,12 @@ import torch as _torch  # noqa: F401  (loads libtorch before _C, which links aga
 from . import _C
 from ._C import NotFoundError
 from .api import OffloadResult, enable_offload, remove_offload
+from .cache import (
+    clear_pinned_weight_cache,
+    clear_plan_cache,
+    pinned_weight_cache_stats,
+    plan_cache_stats,
+)
 from .compat import (
     DDO_PRESETS,
     DiffusersGroupOffloadResult,
@@ -117,6 +123,8 @@ __all__ = [
     "PipelineOffloadResult",
     "ProfileStore",
     "apply_preset",
+    "clear_pinned_weight_cache",
+    "clear_plan_cache",
     "context_key",
     "context_path",
     "enable_offload",
@@ -125,6 +133,8 @@ __all__ = [
     "list_profiles",
     "load_profile",
     "normalize_context",
+    "pinned_weight_cache_stats",
+    "plan_cache_stats",
     "preset_config",
     "preset_names",
     "profile_dir",

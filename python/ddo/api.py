@@ -132,9 +132,17 @@ class OffloadResult:
         """The latest profile report (setup's until a region ends)."""
         return self._native.profile_report()
 
-    def remove(self) -> None:
-        """Restores the model: every tensor ordinary again, on its original device. Idempotent."""
-        self._native.remove()
+    def remove(self, clear_weight_cache: bool = False) -> None:
+        """Restores the model: every tensor ordinary again, on its original device. Idempotent.
+
+        With ``cache_pinned_weights`` the streamed weights stay in the pinned-weight cache (the
+        model's weights point at it) for the next attach; ``clear_weight_cache=True`` copies them
+        out and drops this model's entry instead."""
+        if not isinstance(clear_weight_cache, bool):
+            raise TypeError(
+                f"clear_weight_cache must be a bool, not {type(clear_weight_cache).__name__}"
+            )
+        self._native.remove(clear_weight_cache=clear_weight_cache)
         for module in self._sdnq_modules:
             _sdnq.restore_forward(module)
         self._sdnq_modules = []

@@ -32,6 +32,7 @@
 #include "ddo/torch/interception.h"
 #include "ddo/torch/module_tree.h"
 #include "ddo/torch/profile_run.h"
+#include "ddo/torch/weight_cache.h"
 #include "py_common.h"
 
 namespace ddo::python {
@@ -195,6 +196,19 @@ void bind_offload(py::module_& m) {
       },
       py::arg("execution_device"), py::arg("config") = py::none());
 
+  // The process-lifetime caches (ddo/torch/weight_cache.h).
+  m.def("pinned_weight_cache_stats",
+        [] { return from_json(adapter::pinned_weight_cache_stats().to_json()); });
+  m.def(
+      "clear_pinned_weight_cache",
+      [](const std::optional<std::string>& ns) {
+        py::gil_scoped_release release;
+        return adapter::clear_pinned_weight_cache(ns);
+      },
+      py::arg("namespace") = py::none());
+  m.def("plan_cache_stats", [] { return from_json(adapter::plan_cache_stats().to_json()); });
+  m.def("clear_plan_cache", &adapter::clear_plan_cache);
+
   py::class_<adapter::ProfileRun, std::unique_ptr<adapter::ProfileRun>>(m, "ProfileRun")
       .def(
           "finish",
@@ -224,11 +238,14 @@ void bind_offload(py::module_& m) {
   py::class_<adapter::Offload, std::unique_ptr<adapter::Offload>>(m, "Offload")
       .def(
           "remove",
-          [](adapter::Offload& o) {
+          [](adapter::Offload& o, bool clear_weight_cache) {
             py::gil_scoped_release release;
-            o.remove();
+            o.remove({.clear_weight_cache = clear_weight_cache});
           },
-          "Restores the model: ordinary tensors on their original devices. Idempotent.")
+          py::arg("clear_weight_cache") = false,
+          "Restores the model: ordinary tensors on their original devices. Idempotent. With "
+          "cache_pinned_weights the streamed weights stay in the pinned-weight cache (and the "
+          "model points at them) unless clear_weight_cache is true.")
       .def_property_readonly("active", &adapter::Offload::active)
       .def("profile_run",
            [](adapter::Offload& o) {

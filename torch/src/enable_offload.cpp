@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -34,9 +35,11 @@
 #include "ddo/engine/copy_scheduler.h"
 #include "ddo/engine/device.h"
 #include "ddo/engine/host_slab.h"
+#include "ddo/torch/weight_cache.h"
 #include "intercept_common.h"
 #include "offload_state.h"
 #include "registration.h"
+#include "weight_cache_internal.h"
 
 namespace ddo::adapter {
 namespace internal {
@@ -141,6 +144,20 @@ void copy_to_device_registered(engine::Device& device, char* dst, const char* sr
 void emit(const OffloadState& s, const std::string& name, double seconds,
           const nlohmann::json& payload) {
   if (s.record_event) s.record_event(name, seconds, payload);
+  if (s.settings.config.verbose) {
+    // verbose: each setup phase as it happens, on stderr (Note [No iostreams]).
+    std::fputs(fmt::format("ddo: {} {:.3f} s {}\n", name, seconds, payload.dump()).c_str(), stderr);
+  }
+}
+
+// verbose: the planner's decisions, one line each.
+void print_decisions(const OffloadState& s) {
+  if (!s.settings.config.verbose) return;
+  std::string out;
+  for (const core::Decision& d : s.plan.decisions) {
+    out += fmt::format("ddo: decision {}: {}\n", d.name, d.detail);
+  }
+  std::fputs(out.c_str(), stderr);
 }
 
 }  // namespace
@@ -307,6 +324,47 @@ void set_weight(at::Tensor& handle, const at::Tensor& data) {
   handle.set_data(data);
 }
 
+// The pinned-weight cache's entry for this model when it can serve this attach, else null (an
+// unusable entry is dropped). See Note [Pinned-weight cache] in weight_cache.cpp. `ids`: the
+// streamed, untied replaced tensors.
+std::shared_ptr<CachedWeights> take_matching_cache_entry(OffloadState& s, std::vector<int> ids) {
+  std::shared_ptr<CachedWeights> entry = take_cached_weights(s.weight_cache_key);
+  if (!entry) return nullptr;
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) {
+    return std::make_pair(s.replaced[a].unit, s.replaced[a].unit_offset) <
+           std::make_pair(s.replaced[b].unit, s.replaced[b].unit_offset);
+  });
+  bool same = entry->unit_bytes == s.unit_bytes && entry->tensors.size() == ids.size();
+  for (std::size_t k = 0; same && k < ids.size(); ++k) {
+    const ReplacedTensor& r = s.replaced[ids[k]];
+    const CachedTensor& c = entry->tensors[k];
+    same = c.name == r.name && c.sizes == r.sizes && c.strides == r.strides &&
+           c.dtype == r.handle.scalar_type() && static_cast<int>(c.unit) == r.unit &&
+           c.offset == r.unit_offset;
+  }
+  if (!same) {
+    count_weight_cache_stale();
+    return nullptr;
+  }
+  std::map<int, std::uint64_t> fingerprints;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const ReplacedTensor& r = s.replaced[ids[k]];
+    const CachedTensor& c = entry->tensors[k];
+    const char* region = static_cast<const char*>(entry->slabs->tensor_ptr(c.unit)) + c.offset;
+    const bool in_place = r.handle.device().is_cpu() && r.handle.data_ptr() == region;
+    // A re-pointed weight is copied into its region: only while nothing else reads it.
+    if (!in_place && !c.lease.expired()) return nullptr;
+    fingerprints[ids[k]] = c.fingerprint;
+  }
+  s.cached_fingerprints = std::move(fingerprints);
+  return entry;
+}
+
+std::uint64_t cached_fingerprint(const OffloadState& s, int id) {
+  auto it = s.cached_fingerprints.find(id);
+  return it == s.cached_fingerprints.end() ? 0 : it->second;
+}
+
 // Moves the resident / move-once tensors of one module into one device allocation.
 void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& replaced_ids,
                            engine::Stream stream) {
@@ -413,6 +471,8 @@ void apply_plan(OffloadState& s, int pin_workers) {
       r.original_device = handle.device();
       r.requires_grad = handle.requires_grad();
       r.action = action;
+      r.name =
+          entry.name.empty() ? entry.tensors[t].name : entry.name + "." + entry.tensors[t].name;
       auto [it, inserted] =
           first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
       if (!inserted) r.tied_to = it->second;
@@ -482,16 +542,38 @@ void apply_plan(OffloadState& s, int pin_workers) {
     rt->device = s.device;
     rt->interception = acquire_interception();
 
-    std::vector<engine::SlabTensor> slab_tensors;
-    for (const UnitLayout& u : units)
-      slab_tensors.push_back({u.bytes, u.pinned && s.settings.pin_effective});
-    engine::HostSlabOptions slab_options;
-    slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
-    // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
-    // pages are committed as the fill goes, so the originals freed per chunk keep host RAM near
-    // one copy (Note [Setup order]; Note [Exact-size slabs] in host_slab.cpp).
-    slab_options.pin_by_register = s.device->caps().host_register;
-    throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &rt->slabs));
+    std::vector<int> streamed_ids;
+    for (std::size_t ui = 0; ui < units.size(); ++ui) {
+      s.unit_bytes.push_back(units[ui].bytes);
+      for (std::size_t k = 0; k < units[ui].ids.size(); ++k) {
+        s.replaced[units[ui].ids[k]].unit = static_cast<int>(ui);
+        s.replaced[units[ui].ids[k]].unit_offset = units[ui].offsets[k];
+        streamed_ids.push_back(units[ui].ids[k]);
+      }
+    }
+    if (config.cache_pinned_weights) {
+      std::shared_ptr<CachedWeights> cached = take_matching_cache_entry(s, streamed_ids);
+      s.setup.weight_cache = cached ? "hit" : "miss";
+      if (cached) rt->slabs = cached->slabs;
+    }
+    if (!rt->slabs) {
+      std::vector<engine::SlabTensor> slab_tensors;
+      for (const UnitLayout& u : units)
+        slab_tensors.push_back({u.bytes, u.pinned && s.settings.pin_effective});
+      engine::HostSlabOptions slab_options;
+      slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
+      // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
+      // pages are committed as the fill goes, so the originals freed per chunk keep host RAM near
+      // one copy (Note [Setup order]; Note [Exact-size slabs] in host_slab.cpp).
+      slab_options.pin_by_register = s.device->caps().host_register;
+      std::unique_ptr<engine::HostSlabs> fresh;
+      throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &fresh));
+      // The slabs keep the device that pinned them: the weight cache may outlive this offload.
+      std::shared_ptr<engine::Device> pinned_by = s.device;
+      engine::HostSlabs* raw = fresh.release();
+      rt->slabs = std::shared_ptr<engine::HostSlabs>(
+          raw, [pinned_by](engine::HostSlabs* slabs) { delete slabs; });
+    }
 
     // The staging ring, sized by the one rule (Note [Working set]) against the device as it is
     // now, after residents and move-once tensors: on a small card the window shrinks to half of
@@ -566,18 +648,33 @@ void apply_plan(OffloadState& s, int pin_workers) {
         at::Tensor src = host_source(h);
         const std::size_t n = span_bytes(src);
         s.setup.streamed_bytes += h.numel() * h.element_size();
-        if (n > 0) {
-          jobs.emplace_back(static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k],
-                            src.data_ptr(), n);
+        char* dst = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
+        if (n > 0 && dst == src.data_ptr()) {
+          // Already in its cached slab region (Note [Pinned-weight cache]): no copy.
+          s.setup.weight_cache_reused_bytes += static_cast<std::int64_t>(n);
+          if (sample_fingerprint(dst, n) != cached_fingerprint(s, u.ids[k])) {
+            ++s.setup.weight_cache_changed_in_place;
+          }
+        } else if (n > 0) {
+          jobs.emplace_back(dst, src.data_ptr(), n);
+          chunk_bytes += n;  // only copies count: a cache hit flushes (and trims) once
+          if (s.setup.weight_cache == "hit") {
+            s.setup.weight_cache_refilled_bytes += static_cast<std::int64_t>(n);
+          }
         }
         keep_sources.push_back(std::move(src));
         pending.emplace_back(ui, k);
-        chunk_bytes += n;
       }
       if (chunk_bytes >= kFillChunkBytes) flush();
     }
     flush();
     throw_if_error(rt->slabs->pin_registered(pin_workers));
+    s.cached_fingerprints.clear();
+    if (config.cache_pinned_weights) {
+      count_weight_cache_attach(s.setup.weight_cache == "hit", s.setup.weight_cache_reused_bytes,
+                                s.setup.weight_cache_refilled_bytes,
+                                s.setup.weight_cache_changed_in_place);
+    }
     for (std::size_t i = 0; i < units.size(); ++i) {
       const int id =
           rt->scheduler->add(rt->slabs->tensor_ptr(i), units[i].bytes, rt->slabs->tensor_pinned(i));
@@ -595,7 +692,9 @@ void apply_plan(OffloadState& s, int pin_workers) {
           {"fill_seconds", hs.fill_seconds},
           {"register_seconds", hs.register_seconds},
           {"slabs", hs.pinned_slabs + hs.pageable_slabs},
-          {"units", units.size()}});
+          {"units", units.size()},
+          {"weight_cache", s.setup.weight_cache},
+          {"weight_cache_reused_bytes", s.setup.weight_cache_reused_bytes}});
 
     t0 = Clock::now();
     throw_if_error(rt->scheduler->finalize());
@@ -619,9 +718,55 @@ void apply_plan(OffloadState& s, int pin_workers) {
   }
 }
 
+// The bound of Note [Pinned-weight cache]: the explicit pin bounds, else RAM less the headroom.
+std::optional<std::int64_t> weight_cache_budget(const OffloadState& s) {
+  const core::DynamicOffloadConfig& c = s.settings.config;
+  std::optional<std::int64_t> bound;
+  for (double gb : {c.pin_weight_budget_gb, c.max_pin_weight_budget_gb}) {
+    if (gb <= 0) continue;
+    const auto b = static_cast<std::int64_t>(gb * core::kGiB);
+    bound = bound ? std::min(*bound, b) : b;
+  }
+  if (bound) return bound;
+  const std::optional<std::int64_t> available = s.settings.available_ram_bytes();
+  if (!available) return std::nullopt;
+  const auto headroom = static_cast<std::int64_t>(c.system_ram_headroom_gb * core::kGiB);
+  // Detected free RAM does not count what the cache and this offload's slabs already hold.
+  std::int64_t held = 0;
+  if (!c.available_system_ram_gb) {
+    held = pinned_weight_cache_stats().bytes;
+    if (s.runtime) held += s.runtime->slabs->stats().slab_bytes;
+  }
+  return std::max<std::int64_t>(0, *available + held - headroom);
+}
+
+// An empty cache entry for this offload's slabs when remove() should keep them, else null: the
+// cache is on and kept, something is streamed, every streamed weight came from the CPU, and the
+// slabs fit the bound (a larger entry is counted as rejected).
+std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep) {
+  if (!keep || !s.settings.config.cache_pinned_weights || !s.runtime || !s.runtime->slabs) {
+    return nullptr;
+  }
+  for (const ReplacedTensor& r : s.replaced) {
+    if (r.unit >= 0 && r.tied_to < 0 && !r.original_device.is_cpu()) return nullptr;
+  }
+  auto entry = std::make_shared<CachedWeights>();
+  entry->ns = s.settings.config.pinned_weight_cache_namespace;
+  entry->key = s.weight_cache_key;
+  entry->slabs = s.runtime->slabs;
+  entry->unit_bytes = s.unit_bytes;
+  entry->bytes = s.runtime->slabs->stats().slab_bytes;
+  const std::optional<std::int64_t> budget = weight_cache_budget(s);
+  if (budget && entry->bytes > *budget) {
+    (void)put_cached_weights(std::move(entry), budget);  // counts the rejection
+    return nullptr;
+  }
+  return entry;
+}
+
 }  // namespace
 
-void OffloadState::restore() {
+void OffloadState::restore(bool keep_weight_cache) {
   if (!active) return;
   active = false;
   ScopedUncountedCpuAllocations uncounted;
@@ -631,11 +776,31 @@ void OffloadState::restore() {
   }
   if (device) device->synchronize_stream(engine::kDefaultStream);
   at::AutoGradMode no_grad(false);
+  std::shared_ptr<CachedWeights> entry = make_cache_entry(*this, keep_weight_cache);
+  if (!keep_weight_cache && settings.config.cache_pinned_weights) {
+    (void)take_cached_weights(weight_cache_key);  // dropped
+  }
   std::vector<at::Tensor> restored(replaced.size());
   for (std::size_t i = 0; i < replaced.size(); ++i) {
     ReplacedTensor& r = replaced[i];
     if (r.tied_to >= 0) {
       restored[i] = restored[r.tied_to];
+    } else if (entry && r.unit >= 0) {
+      // Stays in its slab region, now owned by the cache and this view together.
+      char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
+      const std::size_t span = span_bytes(r.handle);
+      CachedTensor c;
+      c.name = r.name;
+      c.sizes = r.sizes;
+      c.strides = r.strides;
+      c.dtype = r.handle.scalar_type();
+      c.unit = static_cast<std::size_t>(r.unit);
+      c.offset = r.unit_offset;
+      c.span = span;
+      c.fingerprint = sample_fingerprint(data, span);
+      restored[i] =
+          make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime->slabs, &c.lease);
+      entry->tensors.push_back(std::move(c));
     } else {
       at::Tensor fresh =
           at::empty_strided(r.sizes, r.strides, at::TensorOptions().dtype(r.handle.dtype()));
@@ -647,6 +812,14 @@ void OffloadState::restore() {
     if (r.handle.is_leaf() && r.handle.requires_grad() != r.requires_grad) {
       r.handle.set_requires_grad(r.requires_grad);
     }
+  }
+  if (entry) {
+    std::sort(entry->tensors.begin(), entry->tensors.end(),
+              [](const CachedTensor& a, const CachedTensor& b) {
+                return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
+              });
+    // make_cache_entry checked the size against the budget, so the entry is kept.
+    (void)put_cached_weights(std::move(entry), weight_cache_budget(*this));
   }
   replaced.clear();
   runtime.reset();
@@ -699,6 +872,9 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
 
   // The runtime follows the model (core::resolve_execution_mode): SDNQ layers take sdnq_runtime.
   s->inventory = to_inventory(s->tree, s->torch_device);
+  internal::unmark_cached_views(s->tree, &s->inventory);
+  s->weight_cache_key = internal::weight_cache_key(config.pinned_weight_cache_namespace,
+                                                   s->model_class, s->device_name);
   const core::ExecutionMode requested_mode = config.execution_mode;
   if (const core::ExecutionMode mode =
           core::resolve_execution_mode(config.execution_mode, s->inventory);
@@ -763,7 +939,20 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
     // the decision that did (sdnq_runtime_auto), so the report explains the runtime.
     core::DynamicOffloadConfig as_requested = config;
     as_requested.execution_mode = requested_mode;
-    s->plan = core::make_plan(s->inventory, as_requested, ctx);
+    // cache_plan: the same inventory, settings and card plan the same; reuse it.
+    std::string plan_key;
+    std::optional<core::Plan> cached;
+    if (config.cache_plan) {
+      plan_key = internal::plan_cache_key(s->inventory, as_requested, ctx);
+      cached = internal::find_cached_plan(plan_key);
+    }
+    if (cached) {
+      s->plan = std::move(*cached);
+      s->setup.plan_cached = true;
+    } else {
+      s->plan = core::make_plan(s->inventory, as_requested, ctx);
+      if (config.cache_plan) internal::store_cached_plan(plan_key, s->plan);
+    }
   }
   s->setup.plan_seconds = internal::seconds_since(t0);
   internal::emit(*s, "plan", s->setup.plan_seconds,
@@ -771,7 +960,9 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
                   {"resident_budget_bytes", s->plan.resident_budget_bytes},
                   {"streamed_bytes", s->plan.streamed_bytes},
                   {"stream_units", s->plan.stream_units.size()},
-                  {"execute", s->executing}});
+                  {"execute", s->executing},
+                  {"plan_cached", s->setup.plan_cached}});
+  internal::print_decisions(*s);
 
   // Placement.
   if (s->executing) {
@@ -839,6 +1030,9 @@ Offload::~Offload() {
 void Offload::remove() {
   state_->restore();
 }
+void Offload::remove(const RemoveOptions& options) {
+  state_->restore(/*keep_weight_cache=*/!options.clear_weight_cache);
+}
 bool Offload::active() const {
   return state_->active;
 }
@@ -905,7 +1099,16 @@ nlohmann::json Offload::report() const {
                 {"pageable_bytes", f.pageable_bytes},
                 {"pin_fallback_bytes", f.pin_fallback_bytes},
                 {"staging_bytes", f.staging_bytes},
-                {"stream_units", f.stream_units}};
+                {"stream_units", f.stream_units},
+                {"plan_cached", f.plan_cached},
+                {"weight_cache",
+                 {{"status", f.weight_cache},
+                  // A hit pins nothing: its slabs were pinned by an earlier attach.
+                  {"pinned_new_bytes", f.weight_cache == "hit" ? 0 : f.pinned_bytes},
+                  {"reused_bytes", f.weight_cache_reused_bytes},
+                  {"refilled_bytes", f.weight_cache_refilled_bytes},
+                  {"changed_in_place", f.weight_cache_changed_in_place},
+                  {"process", pinned_weight_cache_stats().to_json()}}}};
   r["modules_patched"] = f.modules_patched;
   r["resident_modules"] = s.plan.resident_module_names();
   r["resident_bytes"] = f.resident_bytes;

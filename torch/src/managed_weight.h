@@ -58,7 +58,9 @@ struct StreamRuntime {
 
   // Owners, destroyed in reverse order: the scheduler's staging, then the slabs, then the device.
   std::shared_ptr<engine::Device> device;
-  std::unique_ptr<engine::HostSlabs> slabs;
+  // Shared with the pinned-weight cache (Note [Pinned-weight cache] in weight_cache.cpp); the
+  // pointer keeps the device that pinned the slabs alive.
+  std::shared_ptr<engine::HostSlabs> slabs;
   std::unique_ptr<engine::CopyScheduler> scheduler_owner;
   std::shared_ptr<InterceptionHandle> interception;
 

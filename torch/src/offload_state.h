@@ -31,6 +31,9 @@ struct ReplacedTensor {
   bool requires_grad = false;
   core::TensorAction action = core::TensorAction::kKeep;
   int tied_to = -1;  // index of the first tensor sharing the same view (tied weights)
+  std::string name;  // "module.tensor", for the pinned-weight cache
+  int unit = -1;     // streamed: its stream unit (slab tensor) and byte offset there
+  std::size_t unit_offset = 0;
 };
 
 // Setup figures (spec §9).
@@ -51,6 +54,12 @@ struct SetupFigures {
   int resident_modules = 0;
   int stream_units = 0;
   std::int64_t staging_bytes = 0;
+  bool plan_cached = false;  // the plan came from the plan cache (cache_plan)
+  // The pinned-weight cache at this attach: "off", "hit" or "miss" (Note [Pinned-weight cache]).
+  std::string weight_cache = "off";
+  std::int64_t weight_cache_reused_bytes = 0;    // served from cached slabs, no copy
+  std::int64_t weight_cache_refilled_bytes = 0;  // copied into cached slabs
+  std::int64_t weight_cache_changed_in_place = 0;
 };
 
 struct OffloadState {
@@ -79,7 +88,13 @@ struct OffloadState {
   SetupFigures setup;
   bool active = true;
 
-  void restore();
+  std::string weight_cache_key;  // its pinned-weight cache entry (Note [Pinned-weight cache])
+  std::map<int, std::uint64_t> cached_fingerprints;  // replaced id -> fingerprint, during setup
+  std::vector<std::size_t> unit_bytes;  // bytes of each stream unit, as laid out in the slabs
+
+  // `keep_weight_cache` false: copy the weights out and drop this model's cache entry, as
+  // remove(clear_weight_cache) asks.
+  void restore(bool keep_weight_cache = true);
 };
 
 // One open profile_run() region.

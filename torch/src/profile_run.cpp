@@ -51,6 +51,22 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
   return region;
 }
 
+namespace {
+// show_profile: the profile report in one line on stderr at the end of profile_run(), as the
+// seed prints it (no iostreams: Note [No iostreams] in ddo/core/status.h).
+void print_profile_line(const nlohmann::json& report) {
+  std::string line = "ddo profile:";
+  for (const char* key : {"name", "status", "resident_budget_gb", "budget_source",
+                          "recommended_budget_gb", "peak_vram_gb", "error"}) {
+    if (!report.contains(key) || report[key].is_null()) continue;
+    const nlohmann::json& v = report[key];
+    line += fmt::format(" {}={}", key, v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  line += "\n";
+  std::fputs(line.c_str(), stderr);
+}
+}  // namespace
+
 nlohmann::json close_region(RegionState& region, bool normally) {
   DDO_CHECK(!region.done, Code::kFailedPrecondition, "this profile_run() region has already ended");
   region.done = true;
@@ -91,6 +107,7 @@ nlohmann::json close_region(RegionState& region, bool normally) {
   region.report = report.to_json();
   offload.profile_report = region.report;
   region.lock.reset();
+  if (normally && offload.settings.config.show_profile) print_profile_line(region.report);
   if (!saved.ok()) throw Error(saved);
   return region.report;
 }

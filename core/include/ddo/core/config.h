@@ -85,10 +85,13 @@ struct DynamicOffloadConfig {
   bool pin_cpu_memory = false;
   bool allow_pin_memory_fallback = true;  ///< false: a pinning failure is an error
   int pin_cpu_workers = 1;                ///< >= 1
-  bool cache_plan = true;  ///< DDO_CACHE_PLAN (spec); accepted and reported, not yet acted on
-  /// DDO_CACHE_PINNED_WEIGHTS (spec); accepted and reported, not yet acted on.
+  /// DDO_CACHE_PLAN: reuse the plan of the same inventory, settings and card in this process
+  /// (the adapter's plan cache, ddo/torch/weight_cache.h).
+  bool cache_plan = true;
+  /// DDO_CACHE_PINNED_WEIGHTS: remove() keeps the pinned host copy of the streamed weights for
+  /// the next attach of the same model in this process (ddo/torch/weight_cache.h).
   bool cache_pinned_weights = false;
-  std::string pinned_weight_cache_namespace;  ///< (spec) accepted and reported, not yet acted on
+  std::string pinned_weight_cache_namespace;  ///< separates cache entries of unrelated callers
 
   /// Budgets.
   AutoBudgetPolicy auto_budget_policy = AutoBudgetPolicy::kOff;
@@ -117,8 +120,8 @@ struct DynamicOffloadConfig {
   std::string load_safetensors_backend;  ///< "", "mmap", "pread"
 
   /// Reporting.
-  bool verbose = false;
-  bool show_profile = true;  ///< DDO_SHOW_PROFILE (spec); accepted and reported, not yet acted on
+  bool verbose = false;      ///< DDO_VERBOSE: setup phases and planner decisions on stderr
+  bool show_profile = true;  ///< DDO_SHOW_PROFILE: the one-line profile report after profile_run()
 
   /// Platform facts acting below the preset.
   bool disable_pin_on_wsl = true;  ///< DDO_DISABLE_PIN_ON_WSL

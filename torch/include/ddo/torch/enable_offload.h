@@ -90,6 +90,14 @@ class Offload {
   /// becomes an ordinary tensor on its original device with its original values and
   /// requires_grad. Idempotent.
   void remove();
+  /// What remove(const RemoveOptions&) may do besides restoring the model.
+  struct RemoveOptions {
+    /// Drop this model's pinned-weight cache entry and copy its weights out of the slabs, as
+    /// without cache_pinned_weights (weight_cache.h).
+    bool clear_weight_cache = false;
+  };
+  /// remove() with options; see RemoveOptions.
+  void remove(const RemoveOptions& options);
   bool active() const;  ///< false once remove() ran
 
   /// The measured region (profile_run.h).
