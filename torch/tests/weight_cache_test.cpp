@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/randn.h>
@@ -197,6 +199,51 @@ TEST(WeightCache, ClearAndRemoveWithTheFlagDropTheEntry) {
   EXPECT_EQ(cache_of(offload->report())["status"], "miss");
   offload.reset();
   clear_pinned_weight_cache("clear");
+}
+
+// Two threads attach and remove their own models over and over while a third reads the figures
+// and clears another namespace: every attach after the first of each thread hits its own entry,
+// and every output stays equal.
+TEST(WeightCache, ThreadsAttachingTheirOwnModelsDoNotMix) {
+  torch::manual_seed(7);
+  constexpr int kThreads = 2;
+  constexpr int kRounds = 8;
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<at::Tensor> expected;
+  for (int t = 0; t < kThreads; ++t) {
+    models.push_back(std::make_unique<Model>());
+    expected.push_back(models.back()->run());
+  }
+  TempDir dir;
+  auto faults = std::make_shared<engine::SimFaults>();
+  std::vector<int> hits(kThreads, 0), wrong(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      OffloadOptions o = options(dir, "threads", faults);
+      o.model_class = "test::Model" + std::to_string(t);
+      for (int round = 0; round < kRounds; ++round) {
+        auto offload = enable_offload(*models[t]->net, o);
+        hits[t] += cache_of(offload->report())["status"] == "hit" ? 1 : 0;
+        wrong[t] += at::allclose(models[t]->run(), expected[t]) ? 0 : 1;
+        offload->remove();
+      }
+    });
+  }
+  std::thread reader([&] {
+    for (int i = 0; i < 200; ++i) {
+      (void)pinned_weight_cache_stats();
+      (void)clear_pinned_weight_cache("another namespace");
+    }
+  });
+  for (std::thread& t : threads) t.join();
+  reader.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(hits[t], kRounds - 1) << "thread " << t;
+    EXPECT_EQ(wrong[t], 0) << "thread " << t;
+    EXPECT_TRUE(at::allclose(models[t]->run(), expected[t]));
+  }
+  clear_pinned_weight_cache("threads");
 }
 
 TEST(PlanCache, OffReplansOnEveryAttach) {
