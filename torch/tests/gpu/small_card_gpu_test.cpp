@@ -110,8 +110,11 @@ void calibrate_then_reuse_inside(double cap_gb) {
       EXPECT_EQ(offload->profile_report().value("status", ""), "applied")
           << offload->profile_report().dump(2);
     }
-    // The card cannot hold the 8 single blocks' proj_out weights next to the ring: some stream.
-    EXPECT_TRUE(offload->plan().has_decision("always_resident_fit")) << offload->summary();
+    // At 3 GiB the card cannot hold the 8 single blocks' proj_out weights (0.7 GiB) next to the
+    // ring: some stream. At 4 GiB they fit (seen on the H200: no always_resident_fit there).
+    if (cap_gb <= 3.0) {
+      EXPECT_TRUE(offload->plan().has_decision("always_resident_fit")) << offload->summary();
+    }
     std::printf("[small card %.0f GiB] %s: peak %.2f GiB (driver %.2f GiB)\n%s", cap_gb,
                 phase.c_str(), static_cast<double>(m.peak_bytes) / kGiB,
                 static_cast<double>(m.peak_driver_used_bytes) / kGiB, offload->summary().c_str());
