@@ -17,6 +17,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "../test_util.h"
+#include "gpu_test_util.h"
 #include "ddo/core/config.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
@@ -30,10 +31,11 @@ using test::TempDir;
 using testing::FluxDiT;
 using testing::FluxDiTOptions;
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-const c10::Device kCuda(c10::kCUDA, 0);
+using test::CapReset;
+using test::driver_used_now;
+using test::kCuda;
+using test::kGiB;
+using test::kMiB;
 
 // The small DiT with its resident output on the GPU as the reference. The model lives on the
 // CPU between runs, as a host program hands it to ddo.
@@ -73,18 +75,6 @@ OffloadOptions cuda_options(const TempDir& dir, nlohmann::json extra = nlohmann:
   o.overrides = ov;
   return o;
 }
-
-std::int64_t driver_used_now() {
-  std::unique_ptr<MemoryProbe> probe;
-  throw_if_error(make_cuda_memory_probe(0, &probe));
-  probe->synchronize();
-  return probe->snapshot().driver_used_bytes;
-}
-
-// Removes the emulated cap however a test ends.
-struct CapReset {
-  ~CapReset() { (void)apply_vram_cap(0, 0); }
-};
 
 TEST(CudaOffload, Fp32OutputsBitEqualResidentOnEveryRoute) {
   DDO_SKIP_WITHOUT_GPU();

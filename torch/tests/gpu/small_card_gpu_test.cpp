@@ -13,6 +13,7 @@
 #include <ATen/ops/equal.h>
 
 #include "../test_util.h"
+#include "gpu_test_util.h"
 #include "ddo/core/status.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/memory_probe.h"
@@ -25,20 +26,11 @@ using test::TempDir;
 using testing::FluxDiT;
 using testing::FluxDiTOptions;
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-const c10::Device kCuda(c10::kCUDA, 0);
-
-struct CapReset {
-  ~CapReset() { (void)apply_vram_cap(0, 0); }
-};
-
-std::int64_t driver_used_now() {
-  std::unique_ptr<MemoryProbe> probe;
-  throw_if_error(make_cuda_memory_probe(0, &probe));
-  probe->synchronize();
-  return probe->snapshot().driver_used_bytes;
-}
+using test::CapReset;
+using test::driver_used_now;
+using test::kCuda;
+using test::kGiB;
+using test::kMiB;
 
 // Drawn on the GPU (fast), kept on the host as a host program hands it to ddo; the resident
 // output on the GPU is the reference.
