@@ -268,11 +268,10 @@ void bind_offload(py::module_& m) {
   m.def(
       "enable_offload_tree",
       [](const std::string& model_class, const py::list& entries,
-         const std::optional<std::string>& preset,
-         const std::string& profile_name, bool build_profile,
-         const core::DynamicOffloadSettings* settings, py::object config, py::object overrides,
-         const std::string& execution_device, py::object record_event, py::object env,
-         std::shared_ptr<engine::Device> device, bool check_signals) {
+         const std::optional<std::string>& preset, const std::string& profile_name,
+         bool build_profile, const core::DynamicOffloadSettings* settings, py::object config,
+         py::object overrides, const std::string& execution_device, py::object record_event,
+         py::object env, std::shared_ptr<engine::Device> device, bool check_signals) {
         OffloadArgs args;
         args.model_class = model_class;
         args.entries = entries;

@@ -60,8 +60,8 @@ struct OffloadOptions {
   /// A preset name (presets.h; "auto" is one_shot_fast). Unset: DDO_PRESET, else "auto", as the
   /// seed's settings loader does for a preset the code did not choose.
   std::optional<std::string> preset;
-  std::string profile_name;     ///< "" disables profile lookup
-  bool build_profile = false;   ///< true for a calibration run: profile_run() measures and saves
+  std::string profile_name;    ///< "" disables profile lookup
+  bool build_profile = false;  ///< true for a calibration run: profile_run() measures and saves
   /// Resolved settings (then `overrides` still apply) or an explicit config (replaces defaults,
   /// preset and DDO_* variables); neither: resolved from `preset` and the environment.
   std::optional<core::DynamicOffloadSettings> settings;
