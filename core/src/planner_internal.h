@@ -105,6 +105,20 @@ class Planner {
   // Note [Working set] over the units this route will stream; `with_always_resident` also counts
   // the streamable tensors of always-resident modules (before fit_always_resident decides).
   std::int64_t staging_estimate(bool with_always_resident = false);
+  // What the card leaves for budget-chosen residents after `headroom`, the always-resident
+  // modules, the move-once tensors and the staging estimate (may be negative); one formula for the
+  // balanced policy and fit_budget_to_card.
+  struct ResidentRoom {
+    std::int64_t total = 0;  // usable_vram()
+    std::int64_t headroom = 0;
+    std::int64_t staging = 0;
+    std::int64_t room = 0;
+  };
+  ResidentRoom resident_room(std::int64_t headroom) const;
+  // Where a fixed resident budget came from (fit_budget_to_card).
+  enum class FixedBudget { kConfig, kProfile };
+  // Note [Resident budget fits the card]: clamps plan_.resident_budget_bytes, set from `source`.
+  void fit_budget_to_card(FixedBudget source);
   void resolve_resident_budget();
   void select_residents();
   void assign_placements();

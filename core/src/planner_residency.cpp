@@ -1,5 +1,5 @@
 // Planner phases that choose residents: candidates and their costs, the resident budget (manual,
-// profile, calibration, balanced policy) and the selection orders.
+// profile, calibration, balanced policy) and its fit to the card, and the selection orders.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ddo/core/calibration.h"
 #include "ddo/core/working_set.h"
 #include "planner_internal.h"
 
@@ -32,6 +33,36 @@
 // fit (their small tensors stay on the device, as any streamed module's), and the decision
 // always_resident_fit names them. Only the card's size decides this, never the resident budget:
 // the budget is handed out after, from what is left.
+//
+// Note [Resident budget fits the card]
+// A fixed resident budget was handed to residents as it was, on top of everything else the card
+// holds: resident_module_budget_gb (set by code, an override, DDO_RESIDENT_MODULE_BUDGET_GB or a
+// preset: 3 GiB in low_ram_safe, 6 GiB in wsl_compat and warm_process) and a saved profile's
+// recommendation (calibrated on whichever card or cap it ran on). On the H200 at an 8 GiB cap,
+// with a FLUX-sized model whose always-resident modules take 3.4 GiB, a 4 GiB budget made setup
+// fail while moving residents, with an error that did not name the budget. The card holds, for
+// budget-chosen residents, what the balanced policy hands out: usable VRAM - headroom -
+// always-resident - move-once - staging estimate (resident_room). When the residents a fixed
+// budget asks for, min(budget, candidate bytes), exceed that room, the budget becomes the room
+// (0 when there is none) and the decision resident_budget_fit names the budget, where it came
+// from, the figures and what to change. A budget that fits is used as given, and so is one above
+// the room whose candidates all fit: the greedy fill places the same modules either way.
+//
+// The headroom is the budget source's. A config budget gets the balanced policy's
+// (vram_headroom(): the CUDA context, library workspaces and a step's activations, which nothing
+// here measures). A profile recommendation gets profile_vram_headroom_gb: it was computed as
+// total - measured zero-resident peak - that headroom, and that peak already holds the
+// always-resident, move-once and staging bytes and the activations, so a recommendation measured
+// on this card always fits and is used unchanged. The table headroom would cut it: at a 16 GiB
+// cap the W1-py calibration recommends 9.04 GiB (peak 5.96 GiB) where the balanced room is
+// 8.9 GiB. A recommendation measured on a larger card is cut to what this card holds after the
+// profile headroom; its activations are not subtracted, as the context carries the budget only,
+// not the peak it was derived from.
+//
+// Only a card of known size is fitted: a device that reported its memory, or vram_cap_gb. Plan
+// mode without a cap and the host simulation ("sim") without a cap keep the budget as given: the
+// simulated arena has no CUDA context, and tests size it to tiny models (0.25 GiB), where the
+// headroom table alone would take every resident away. A cap on the simulation emulates a card.
 //
 // Note [Spread order]
 // `spread` keeps residents evenly spaced through the block list so that streamed blocks are
@@ -61,6 +92,20 @@
 
 namespace ddo::core {
 namespace planner_internal {
+namespace {
+
+// The host-simulation device ("sim", "sim:N"), whose capacity is an arena, not a card.
+bool is_host_simulation(const std::string& device) {
+  const std::optional<std::string> normalized = normalize_calibration_device(device);
+  return normalized && normalized->starts_with("sim:");
+}
+
+// GiB rounded down to 2 decimals: a figure to write into a config field that still fits.
+double gib_floor(std::int64_t bytes) {
+  return std::floor(bytes_to_gib(bytes) * 100.0) / 100.0;
+}
+
+}  // namespace
 
 void Planner::compute_costs() {
   // Always-resident parts cost nothing extra to a block (Note [Resident cost]).
@@ -277,6 +322,82 @@ std::int64_t Planner::staging_estimate(bool with_always_resident) {
   return size.staging_bytes;
 }
 
+Planner::ResidentRoom Planner::resident_room(std::int64_t headroom) const {
+  ResidentRoom r;
+  r.total = usable_vram();
+  r.headroom = headroom;
+  r.staging = plan_.staging_estimate_bytes;
+  r.room = r.total - headroom - always_resident_bytes_ - move_once_bytes_ - r.staging;
+  return r;
+}
+
+void Planner::fit_budget_to_card(FixedBudget source) {
+  // Note [Resident budget fits the card].
+  const std::int64_t budget = plan_.resident_budget_bytes;
+  const bool card_known =
+      config_.vram_cap_gb > 0 ||
+      (ctx_.total_vram_bytes > 0 && !is_host_simulation(config_.execution_device));
+  if (!card_known || budget <= 0) return;
+  const bool profile = source == FixedBudget::kProfile;
+  const ResidentRoom r = resident_room(
+      profile ? field_bytes(config_.profile_vram_headroom_gb, "profile_vram_headroom_gb")
+              : vram_headroom());
+  const std::int64_t candidates = plan_.resident_candidate_bytes;
+  if (std::min(budget, candidates) <= r.room) return;
+  const std::int64_t fitted = std::max<std::int64_t>(0, r.room);
+  plan_.resident_budget_bytes = fitted;
+
+  const char* headroom_source = profile                             ? "profile_vram_headroom_gb"
+                                : config_.auto_vram_headroom_gb > 0 ? "auto_vram_headroom_gb"
+                                                                    : "table";
+  std::string origin, what, to_change;
+  if (profile) {
+    origin = config_.profile_name.empty() ? std::string("saved profile")
+                                          : fmt::format("saved profile '{}'", config_.profile_name);
+    what = fmt::format("the recommendation of {}", origin);
+    to_change = fmt::format(
+        "the profile was measured on a larger card or cap: recalibrate it on this one "
+        "(build_profile=true), or set resident_module_budget_gb to {:.2f} or less to override it",
+        gib_floor(fitted));
+  } else {
+    origin = ctx_.resident_budget_origin.empty()
+                 ? std::string("config field resident_module_budget_gb")
+                 : ctx_.resident_budget_origin;
+    what = ctx_.resident_budget_origin.empty()
+               ? fmt::format("resident_module_budget_gb={}", config_.resident_module_budget_gb)
+               : fmt::format("resident_module_budget_gb={} from {}",
+                             config_.resident_module_budget_gb, ctx_.resident_budget_origin);
+    to_change = fitted > 0 ? fmt::format(
+                                 "set resident_module_budget_gb to {:.2f} or less (0 lets the "
+                                 "balanced policy size it), or use a card or vram_cap_gb with "
+                                 "more memory",
+                                 gib_floor(fitted))
+                           : std::string(
+                                 "this card has no room for residents beside the working set: "
+                                 "set resident_module_budget_gb to 0, or use a card or "
+                                 "vram_cap_gb with more memory");
+  }
+  decide(
+      "resident_budget_fit",
+      {{"source", profile ? "profile" : "resident_module_budget_gb"},
+       {"origin", origin},
+       {"requested_budget_bytes", budget},
+       {"candidate_bytes", candidates},
+       {"total_vram_bytes", r.total},
+       {"vram_cap_gb", config_.vram_cap_gb},
+       {"headroom_bytes", r.headroom},
+       {"headroom_source", headroom_source},
+       {"always_resident_bytes", always_resident_bytes_},
+       {"move_once_bytes", move_once_bytes_},
+       {"staging_bytes", r.staging},
+       {"room_bytes", fitted},
+       {"budget_bytes", fitted}},
+      fmt::format("resident budget {} ({}) does not fit the card, so residents get {}: total "
+                  "{} - headroom {} ({}) - always-resident {} - move-once {} - staging {}; {}",
+                  gib(budget), what, gib(fitted), gib(r.total), gib(r.headroom), headroom_source,
+                  gib(always_resident_bytes_), gib(move_once_bytes_), gib(r.staging), to_change));
+}
+
 void Planner::resolve_resident_budget() {
   const std::int64_t candidates = plan_.resident_candidate_bytes;
   // The seed: calibration "forces the resident module budget to zero", so it comes before the
@@ -302,6 +423,7 @@ void Planner::resolve_resident_budget() {
             {"calibrating", ctx_.calibrating}},
            fmt::format("manual budget {} wins over profiles and the auto policy",
                        gib(plan_.resident_budget_bytes)));
+    fit_budget_to_card(FixedBudget::kConfig);
     return;
   }
   if (ctx_.profile_budget_bytes) {
@@ -311,6 +433,7 @@ void Planner::resolve_resident_budget() {
             {"profile_name", config_.profile_name}},
            fmt::format("saved profile recommendation {} replaces the heuristic",
                        gib(plan_.resident_budget_bytes)));
+    fit_budget_to_card(FixedBudget::kProfile);
     return;
   }
   if (config_.auto_budget_policy != AutoBudgetPolicy::kBalanced) {
@@ -323,11 +446,9 @@ void Planner::resolve_resident_budget() {
     return;
   }
 
-  const std::int64_t total = usable_vram();
   const bool manual_headroom = config_.auto_vram_headroom_gb > 0;
-  const std::int64_t headroom = vram_headroom();
-  const std::int64_t staging = plan_.staging_estimate_bytes;
-  const std::int64_t room = total - headroom - always_resident_bytes_ - move_once_bytes_ - staging;
+  const ResidentRoom r = resident_room(vram_headroom());
+  const std::int64_t total = r.total, headroom = r.headroom, staging = r.staging, room = r.room;
   std::int64_t budget = total > 0 ? std::clamp<std::int64_t>(room, 0, candidates) : 0;
   decide("balanced_policy",
          {{"total_vram_bytes", total},

@@ -42,13 +42,20 @@ namespace ddo::core {
 /// Platform facts and caller-resolved inputs that are not configuration.
 struct PlanContext {
   /// VRAM of the execution device (the caller applies vram_cap_gb or not; the planner also caps
-  /// by config.vram_cap_gb when positive). 0 = unknown: the balanced policy then gives 0.
+  /// by config.vram_cap_gb when positive). 0 = unknown: the balanced policy then gives 0, and a
+  /// fixed budget is used as given.
   std::int64_t total_vram_bytes = 0;
   /// Detected available host RAM. config.available_system_ram_gb, when set, wins (it simulates a
   /// smaller machine). Unknown: pin admission is not bounded by RAM.
   std::optional<std::int64_t> available_ram_bytes;
-  /// A saved named-profile recommendation, already capped by the caller.
+  /// A saved named-profile recommendation, already capped by the caller. Clamped to what the card
+  /// can hold, like a manual budget (Note [Resident budget fits the card] in
+  /// planner_residency.cpp).
   std::optional<std::int64_t> profile_budget_bytes;
+  /// Who set config.resident_module_budget_gb, for the decision resident_budget_fit, which names
+  /// it when the budget does not fit the card: e.g. "preset warm_process",
+  /// "DDO_RESIDENT_MODULE_BUDGET_GB", "enable_offload override". Empty: named as the config field.
+  std::string resident_budget_origin;
   /// Residency calibration run: forces the resident budget to 0 (seed).
   bool calibrating = false;
   /// Platform allows pinning (false e.g. under WSL with DDO_DISABLE_PIN_ON_WSL).
