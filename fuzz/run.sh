@@ -11,9 +11,10 @@ set -euo pipefail
 build=$(cd "${1:?usage: fuzz/run.sh BUILD_DIR [SECONDS]}" && pwd)
 seconds=${2:-5}
 here=$(cd "$(dirname "$0")" && pwd)
-for target in profile_loader host_context settings patterns; do
+for target in profile_loader host_context settings patterns safetensors_header; do
   case $target in
     settings) dict=$here/dict/settings.dict ;;
+    safetensors_header) dict=$here/dict/safetensors.dict ;;
     patterns) dict="" ;;
     *) dict=$here/dict/json.dict ;;
   esac
