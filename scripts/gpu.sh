@@ -253,8 +253,29 @@ py() {
   return $rc
 }
 
+# W1-py from disk (issue 16): writes the model to the machine's disk once (kept between calls
+# of a warm machine under DDO_LOAD_DIR), then ddo's loader cold/warm at each cap and diffusers'
+# from_pretrained + group offload (bench/python/load_from_disk.py).
+load() {
+  if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: load step needs the ddo Python package"; return 1; fi
+  install_wheels
+  local left=$((570 - ($(date +%s) - T_START) - 20)) dir=${DDO_LOAD_DIR:-/tmp/ddo-w1py-disk} dev=()
+  local size=${DDO_W1_SIZE:-full}
+  [ "$HAVE_GPU" = 0 ] && { size=${DDO_W1_SIZE:-tiny}; dev=(--device sim); }
+  echo "== load_from_disk" >>"$LOG"
+  # shellcheck disable=SC2086
+  timeout "$left" "$PY" "$ROOT/bench/python/load_from_disk.py" --dir "$dir" --size "$size" \
+    "${dev[@]}" --caps "${DDO_LOAD_CAPS:-8,16}" --out "$OUT/load.json" --commit "$DDO_COMMIT" \
+    ${DDO_LOAD_ARGS:-} 2>&1 | tee -a "$SUMMARY" >>"$LOG"
+  local rc=${PIPESTATUS[0]}
+  say "load_from_disk rc=$rc"
+  return $rc
+}
+
 case "$MODE" in
   build) build ;;
+  load) build && load ;;
+  testload) build && { DDO_GPU_TESTS_ONLY=1 run_tests; load; } ;;
   test) build && run_tests ;;
   micro) build && micro ;;
   w1) build && w1 ;;
@@ -269,7 +290,7 @@ case "$MODE" in
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
   pydiag) build && install_wheels && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" link >>"$LOG" 2>&1 ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py|w2|sdnq]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py|w2|sdnq|load|testload]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"

@@ -10,9 +10,11 @@ process, each generation being:
     denoise  --steps forward passes                         timed: must not change with the mode
     release  offload.remove()                                timed
 
-Modes, in order: "cold" (--cold-preset, default one_shot_fast: every attach pins and plans again)
+Modes, in order: "cold" (--cold-preset, default one_shot_fast: every attach pins and plans again),
 and "warm" (preset warm_process: pinned-weight and plan caches, so a later attach pins nothing and
-copies nothing). Both use the same VRAM cap (--cap) and the same fixed resident budget
+copies nothing), and with --modes warm_keep, warm_process whose remove(keep_residents=True)
+leaves the residents on the GPU so a later attach moves nothing either. All use the same VRAM
+cap (--cap) and the same fixed resident budget
 (--budget GiB, so the two modes place the same residents). Per generation: attach, steps and
 release seconds, the weight cache's status and reused bytes, whether the plan was cached, host RSS
 after release, and the output's max abs difference from the first generation of the first mode
@@ -51,7 +53,8 @@ def rss_gib() -> float | None:
     return rss
 
 
-def generation(model, inputs, args, preset: str, cuda: bool) -> tuple[dict, object]:
+def generation(model, inputs, args, preset: str, cuda: bool,
+               keep_residents: bool = False) -> tuple[dict, object]:
     import torch
 
     import ddo
@@ -73,7 +76,7 @@ def generation(model, inputs, args, preset: str, cuda: bool) -> tuple[dict, obje
     first, times, finite, out = w1_py.run_steps(model, inputs, args.steps, cuda, return_out=True)
     out = out.float().cpu() if isinstance(out, torch.Tensor) else out
     t0 = time.perf_counter()
-    offload.remove()
+    offload.remove(keep_residents=keep_residents)
     w1_py.sync(cuda)
     release_s = time.perf_counter() - t0
     w1_py.trim_host_memory()
@@ -90,6 +93,8 @@ def generation(model, inputs, args, preset: str, cuda: bool) -> tuple[dict, obje
         pinned_new_gib=cache.get("pinned_new_bytes", setup.get("pinned_bytes", 0)) / 2**30,
         streamed_gib=setup["bytes"]["streamed"] / 2**30,
         resident_gib=setup["bytes"]["resident"] / 2**30,
+        on_device_gib=setup["bytes"].get("on_device", 0) / 2**30,
+        kept_residents=keep_residents,
         first_step_s=first,
         median_step_s=sorted(times)[len(times) // 2] if times else None,
         finite=finite,
@@ -111,7 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=None,
                    help="fixed resident budget GiB for both modes; default 4 full, 0 tiny")
     p.add_argument("--cold-preset", default="one_shot_fast")
-    p.add_argument("--modes", default="cold,warm", help="cold, warm or both (comma list)")
+    p.add_argument("--modes", default="cold,warm",
+                   help="comma list of cold, warm, warm_keep (warm_process, and remove() keeps "
+                        "the residents on the GPU between generations)")
     p.add_argument("--overrides", default="{}", help="JSON config fields for every attach")
     p.add_argument("--out", default=None, help="write all rows here (JSON)")
     args = p.parse_args(argv)
@@ -131,15 +138,17 @@ def main(argv=None) -> int:
 
     model, nbytes, params, build = w1_py.build_model(args.size, "cuda" if cuda else "cpu")
     inputs = w1_py.make_inputs(args.size, "cuda" if cuda else "cpu", guidance=True)
-    presets = {"cold": args.cold_preset, "warm": "warm_process"}
+    presets = {"cold": args.cold_preset, "warm": "warm_process", "warm_keep": "warm_process"}
     rows, reference = [], None
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         if mode not in presets:
-            p.error(f"--modes: unknown mode {mode!r}; use cold and/or warm")
+            p.error(f"--modes: unknown mode {mode!r}; use cold, warm, warm_keep")
         ddo.clear_pinned_weight_cache()
         ddo.clear_plan_cache()
         for gen in range(1, args.generations + 1):
-            row, out = generation(model, inputs, args, presets[mode], cuda)
+            # warm_keep: the last generation restores the model fully.
+            keep = mode == "warm_keep" and cuda and gen < args.generations
+            row, out = generation(model, inputs, args, presets[mode], cuda, keep)
             if reference is None:
                 reference = out
             row.update(mode=mode, generation=gen,

@@ -54,14 +54,22 @@ class SetupProgress:
             self._stream.flush()
 
     def __call__(self, name: str, seconds: float, payload: dict) -> None:
-        self.events.append((name, seconds, payload))
+        if name != "load_progress":  # several a second while reading: drawn, not kept
+            self.events.append((name, seconds, payload))
         if self._enabled:
             self._draw(name, seconds, payload)
         if self._host is not None:
             self._host(name, seconds, payload)
 
     def _draw(self, name: str, seconds: float, payload: dict) -> None:
-        if name == "setup":
+        if name == "load_progress":
+            line = f"ddo: {self._label}: " + " | ".join(self._parts + [_load_text(payload)])
+            self._stream.write("\r\x1b[K" + line)
+            self._stream.flush()
+            return
+        if name == "load":
+            self._parts.append(f"load {seconds:.1f} s " + _load_text(payload, final=True))
+        elif name == "setup":
             self._parts.append(f"ready in {seconds:.1f} s")
         else:
             part = f"{name} {seconds:.2f} s"
@@ -73,3 +81,14 @@ class SetupProgress:
         end = "\n" if name == "setup" else ""
         self._stream.write("\r\x1b[K" + line + end)
         self._stream.flush()
+
+
+def _load_text(payload: dict, final: bool = False) -> str:
+    """'12.3/23.8 GiB 5.1 GB/s 2 s left' while reading; '23.8 GiB 5.1 GB/s' at the end."""
+    done = float(payload.get("bytes", 0) or 0)
+    total = float(payload.get("total_bytes", 0) or 0)
+    gbps = float(payload.get("gbps", 0) or 0)
+    if final:
+        return f"{done / _GIB:.1f} GiB {gbps:.1f} GB/s"
+    left = (total - done) / (gbps * 1e9) if gbps > 0 else 0.0
+    return f"load {done / _GIB:.1f}/{total / _GIB:.1f} GiB {gbps:.1f} GB/s {left:.0f} s left"

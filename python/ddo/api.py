@@ -132,17 +132,20 @@ class OffloadResult:
         """The latest profile report (setup's until a region ends)."""
         return self._native.profile_report()
 
-    def remove(self, clear_weight_cache: bool = False) -> None:
+    def remove(self, clear_weight_cache: bool = False, keep_residents: bool = False) -> None:
         """Restores the model: every tensor ordinary again, on its original device. Idempotent.
 
         With ``cache_pinned_weights`` the streamed weights stay in the pinned-weight cache (the
         model's weights point at it) for the next attach; ``clear_weight_cache=True`` copies them
-        out and drops this model's entry instead."""
-        if not isinstance(clear_weight_cache, bool):
-            raise TypeError(
-                f"clear_weight_cache must be a bool, not {type(clear_weight_cache).__name__}"
-            )
-        self._native.remove(clear_weight_cache=clear_weight_cache)
+        out and drops this model's entry instead. ``keep_residents=True`` (CUDA) leaves the
+        resident and small tensors on the GPU for the next ``enable_offload`` of this model,
+        which then moves nothing: for a staged flow that releases the denoiser only to run the
+        VAE. The module is then split between host and GPU until that attach."""
+        for name, value in (("clear_weight_cache", clear_weight_cache),
+                            ("keep_residents", keep_residents)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+        self._native.remove(clear_weight_cache=clear_weight_cache, keep_residents=keep_residents)
         for module in self._sdnq_modules:
             _sdnq.restore_forward(module)
         self._sdnq_modules = []
@@ -415,6 +418,7 @@ def _enable(
     label: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
     wsl: Optional[bool] = None,
+    load: Optional[dict[str, Any]] = None,
 ) -> OffloadResult:
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -468,6 +472,7 @@ def _enable(
             execution_device=execution_device or "",
             record_event=progress,
             device=device,
+            load=load,
         )
     except BaseException:
         progress.close(failed=True)

@@ -1,5 +1,4 @@
-"""from_pretrained_with_dynamic_offload: load a component, then attach offload (seed "Staged
-pipelines and loading").
+"""from_pretrained_with_dynamic_offload: load a component straight into ddo's memory (spec §8).
 
     loaded = from_pretrained_with_dynamic_offload(
         model_path, model_loader=FluxTransformer2DModel,
@@ -12,24 +11,107 @@ pipelines and loading").
 With ``apply_dynamic=False`` the host calls ``enable_offload`` later, at the actual execution
 stage, and the profile options belong there: giving them here is a ValueError.
 
-Loading itself is the loader's own (``model_loader.from_pretrained``, e.g. diffusers); the
-offload is the same C++ enable_offload as everywhere. Loading straight into pinned memory (spec
-§8) is the C++ loader's job and not wired into Python yet (docs/design/0003-python.md).
+ddo's own loader (``loader="ddo"``; the default when it applies) builds the module from its
+config.json without weights (parameters on the meta device, then placeholders that take no
+memory), checks the safetensors files against it, and reads every tensor with several threads
+straight into the memory ddo gives it: streamed weights into their host slab, residents to the
+device. The host never holds the model twice. ``loader="library"`` calls the class's own
+``from_pretrained`` and then attaches offload (two copies on the way, the seed's behaviour).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
+import torch
 from torch import nn
 
-from .api import OffloadResult, ProfileRunContext, RecordEvent, _enable
+from . import _C
+from ._progress import SetupProgress
+from .api import OffloadResult, ProfileRunContext, RecordEvent, _enable, _gather
 from .config import DynamicOffloadConfig
+from .profiles import model_class_name
 
 __all__ = ["LoadedModel", "from_pretrained_with_dynamic_offload"]
 
+_LOADERS = ("auto", "ddo", "library")
 
+
+@contextlib.contextmanager
+def _empty_weights() -> Iterator[None]:
+    """Parameters registered inside go to the meta device (buffers stay real: a module computes
+    its non-persistent buffers itself). Initialisers then run on meta and cost nothing."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: Optional[nn.Parameter]) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            kwargs = {"requires_grad": param.requires_grad}
+            module._parameters[name] = type(param)(param.to("meta"), **kwargs)
+
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _to_placeholders(module: nn.Module) -> None:
+    """Every meta tensor becomes a placeholder (no memory; Note [Placeholders]); tied
+    parameters stay one object."""
+    memo: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            new = memo.get(id(p))
+            if new is None:
+                try:
+                    new = type(p)(_C.placeholder_like(p), requires_grad=p.requires_grad)
+                except TypeError:
+                    new = nn.Parameter(_C.placeholder_like(p), requires_grad=p.requires_grad)
+                memo[id(p)] = new
+            sub._parameters[name] = new  # type: ignore[assignment]
+        for name, b in list(sub._buffers.items()):
+            if b is not None and b.is_meta:
+                sub._buffers[name] = memo.setdefault(id(b), _C.placeholder_like(b))
+
+
+def _has_safetensors(path: str) -> bool:
+    if os.path.isfile(path):
+        return path.endswith(".safetensors")
+    try:
+        return any(n.endswith(".safetensors") for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def _build_empty(model_loader: Any, path: str) -> Optional[nn.Module]:
+    """The module from the directory's config.json, without weights; None when model_loader is
+    neither a diffusers model class nor a transformers one."""
+    if hasattr(model_loader, "load_config") and hasattr(model_loader, "from_config"):
+        config = model_loader.load_config(path)  # diffusers ModelMixin
+        with _empty_weights():
+            return model_loader.from_config(config)
+    if hasattr(model_loader, "config_class") and hasattr(model_loader, "_from_config"):
+        config = model_loader.config_class.from_pretrained(path)  # transformers PreTrainedModel
+        with _empty_weights():
+            return model_loader._from_config(config)
+    return None
+
+
+def _default_dtype(model_loader: Any, path: str) -> Optional[torch.dtype]:
+    """The dtype the library's own from_pretrained gives without torch_dtype: diffusers keeps
+    the module's (float32); transformers 5 uses the dtype saved in config.json."""
+    if hasattr(model_loader, "config_class") and hasattr(model_loader, "_from_config"):
+        config = model_loader.config_class.from_pretrained(path)
+        saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(saved, str):
+            saved = getattr(torch, saved, None)
+        return saved if isinstance(saved, torch.dtype) else None
+    return None
 class LoadedModel:
     """The loaded module and, with apply_dynamic=True, its offload."""
 
@@ -67,13 +149,20 @@ def from_pretrained_with_dynamic_offload(
     preset: Optional[str] = None,
     execution_device: Optional[str] = None,
     record_event: Optional[RecordEvent] = None,
+    loader: str = "auto",
+    read_workers: Optional[int] = None,
+    allow_unexpected_keys: bool = False,
     **load_kwargs: Any,
 ) -> LoadedModel:
-    """Loads a component with ``model_loader`` and, with ``apply_dynamic=True``, attaches offload.
+    """Loads a component and, with ``apply_dynamic=True``, attaches offload.
 
     ``apply_dynamic`` defaults to False as in the seed library: the host attaches offload later,
     at the execution stage, with ``enable_offload`` (and passes the profile options there).
-    ``build_profile=None`` is False. Other keywords go to ``model_loader.from_pretrained``.
+    ``build_profile=None`` is False. ``loader``: "ddo" reads the safetensors files straight into
+    place (module docstring), "library" calls ``model_loader.from_pretrained``, "auto" (default)
+    takes "ddo" when the directory holds safetensors files and ``model_loader`` is a diffusers or
+    transformers model class, else "library". ``subfolder=`` is joined to the path; other keywords
+    go to ``model_loader.from_pretrained`` (and select the library loader under "auto").
     """
     if model_loader is None:
         raise TypeError(
@@ -92,19 +181,111 @@ def from_pretrained_with_dynamic_offload(
             f"profile_name must be a str such as 'my-workload' or None, not {profile_name!r} "
             f"({type(profile_name).__name__})"
         )
+    if loader not in _LOADERS:
+        raise ValueError(f"loader must be one of {', '.join(_LOADERS)}, not {loader!r}")
+    if read_workers is not None and (
+        isinstance(read_workers, bool) or not isinstance(read_workers, int) or read_workers < 1
+    ):
+        raise ValueError(
+            f"read_workers must be an int >= 1 or None (one per core), not {read_workers!r}"
+        )
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, not {dtype!r}")
     if not apply_dynamic and (profile_name or build_profile):
         raise ValueError(
             "profile_name/build_profile were given with apply_dynamic=False; pass them to the "
             "later enable_offload call, at the actual execution stage"
         )
-    loader: Callable[..., nn.Module]
+    path = os.fspath(model_path)
+    subfolder = load_kwargs.pop("subfolder", None)
+    if subfolder:
+        path = os.path.join(path, subfolder)
+
+    module: Optional[nn.Module] = None
+    if loader != "library" and not (loader == "auto" and load_kwargs):
+        if loader == "ddo" and load_kwargs:
+            raise TypeError(
+                f"loader='ddo' takes no library keywords ({', '.join(sorted(load_kwargs))}); "
+                "use loader='library' for them"
+            )
+        if _has_safetensors(path):
+            module = _build_empty(model_loader, path)
+        elif loader == "ddo":
+            raise FileNotFoundError(
+                f"{path}: no .safetensors files; ddo's loader reads a component directory "
+                "(config.json and its safetensors files) or one .safetensors file"
+            )
+        if module is None and loader == "ddo":
+            raise TypeError(
+                f"loader='ddo' builds diffusers or transformers model classes from config.json; "
+                f"{getattr(model_loader, '__name__', model_loader)!r} is neither: pass "
+                "loader='library'"
+            )
+    if module is None:
+        return _load_with_library(
+            path, model_loader, dtype, apply_dynamic, profile_name, build_profile,
+            dynamic_offload_config, preset, execution_device, record_event, load_kwargs,
+        )
+
+    target = dtype if dtype is not None else _default_dtype(model_loader, path)
+    if target is not None:
+        module.to(target)  # on meta: no memory, no copy
+    _to_placeholders(module)
+    module.eval()
+    load = {
+        "path": path,
+        "read_workers": read_workers or 0,
+        "allow_unexpected_keys": allow_unexpected_keys,
+    }
+    if apply_dynamic:
+        offload = _enable(
+            module,
+            preset=preset if dynamic_offload_config is None else None,
+            profile_name=profile_name,
+            build_profile=build_profile,
+            settings=None,
+            config=dynamic_offload_config,
+            execution_device=execution_device,
+            record_event=record_event,
+            overrides={},
+            load=load,
+        )
+        return LoadedModel(module, offload)
+    model_class = model_class_name(module)
+    entries, _, _ = _gather(module)
+    progress = SetupProgress(model_class, record_event)
+    progress.start()
+    try:
+        _C.load_weights(model_class, entries, load, record_event=progress)
+    except BaseException:
+        progress.close(failed=True)
+        raise
+    progress.close()
+    return LoadedModel(module, None)
+
+
+def _load_with_library(
+    path: str,
+    model_loader: Any,
+    dtype: Any,
+    apply_dynamic: bool,
+    profile_name: Optional[str],
+    build_profile: bool,
+    dynamic_offload_config: Any,
+    preset: Optional[str],
+    execution_device: Optional[str],
+    record_event: Optional[RecordEvent],
+    load_kwargs: dict[str, Any],
+) -> LoadedModel:
+    loader_fn: Callable[..., nn.Module]
     if hasattr(model_loader, "from_pretrained"):
         kwargs = dict(load_kwargs)
         if dtype is not None:
             kwargs.setdefault("torch_dtype", dtype)
-        module = model_loader.from_pretrained(os.fspath(model_path), **kwargs)
+        module = model_loader.from_pretrained(path, **kwargs)
     elif callable(model_loader):
-        module = model_loader(os.fspath(model_path), **load_kwargs)
+        loader_fn = model_loader
+        module = loader_fn(path, **load_kwargs)
         if dtype is not None:
             module = module.to(dtype)
     else:

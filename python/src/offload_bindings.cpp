@@ -30,6 +30,7 @@
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
+#include "ddo/torch/loader.h"
 #include "ddo/torch/module_tree.h"
 #include "ddo/torch/profile_run.h"
 #include "ddo/torch/weight_cache.h"
@@ -115,7 +116,20 @@ struct OffloadArgs {
   py::object env;  // None or dict[str, str]
   std::shared_ptr<engine::Device> device;
   bool check_signals = true;
+  py::object load;  // None or {"path", "read_workers", "allow_unexpected_keys"} (loader.h)
 };
+
+// LoadOptions from the Python loader's dict.
+adapter::LoadOptions load_options(const py::handle& load) {
+  auto d = load.cast<py::dict>();
+  adapter::LoadOptions options;
+  options.path = d["path"].cast<std::string>();
+  if (d.contains("read_workers")) options.read_workers = d["read_workers"].cast<int>();
+  if (d.contains("allow_unexpected_keys")) {
+    options.allow_unexpected_keys = d["allow_unexpected_keys"].cast<bool>();
+  }
+  return options;
+}
 
 std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
   adapter::OffloadOptions options;
@@ -142,6 +156,11 @@ std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
   }
   options.device = args.device;
   adapter::ModuleTree tree = tree_from(args.model_class, args.entries);
+  if (!args.load.is_none()) {
+    const adapter::LoadOptions load = load_options(args.load);
+    py::gil_scoped_release release;
+    options.weights = adapter::open_weight_source(tree, load);  // reads headers, checks keys
+  }
 
   auto events = std::make_shared<SetupEvents>();
   events->host_callback = args.record_event;
@@ -238,11 +257,12 @@ void bind_offload(py::module_& m) {
   py::class_<adapter::Offload, std::unique_ptr<adapter::Offload>>(m, "Offload")
       .def(
           "remove",
-          [](adapter::Offload& o, bool clear_weight_cache) {
+          [](adapter::Offload& o, bool clear_weight_cache, bool keep_residents) {
             py::gil_scoped_release release;
-            o.remove({.clear_weight_cache = clear_weight_cache});
+            o.remove({.clear_weight_cache = clear_weight_cache,
+                      .keep_residents_on_device = keep_residents});
           },
-          py::arg("clear_weight_cache") = false,
+          py::arg("clear_weight_cache") = false, py::arg("keep_residents") = false,
           "Restores the model: ordinary tensors on their original devices. Idempotent. With "
           "cache_pinned_weights the streamed weights stay in the pinned-weight cache (and the "
           "model points at them) unless clear_weight_cache is true.")
@@ -271,7 +291,8 @@ void bind_offload(py::module_& m) {
          const std::optional<std::string>& preset, const std::string& profile_name,
          bool build_profile, const core::DynamicOffloadSettings* settings, py::object config,
          py::object overrides, const std::string& execution_device, py::object record_event,
-         py::object env, std::shared_ptr<engine::Device> device, bool check_signals) {
+         py::object env, std::shared_ptr<engine::Device> device, bool check_signals,
+         py::object load) {
         OffloadArgs args;
         args.model_class = model_class;
         args.entries = entries;
@@ -286,13 +307,41 @@ void bind_offload(py::module_& m) {
         args.env = std::move(env);
         args.device = std::move(device);
         args.check_signals = check_signals;
+        args.load = std::move(load);
         return enable(std::move(args));
       },
       py::arg("model_class"), py::arg("entries"), py::arg("preset") = py::none(),
       py::arg("profile_name") = "", py::arg("build_profile") = false, py::arg("settings") = nullptr,
       py::arg("config") = py::none(), py::arg("overrides") = py::none(),
       py::arg("execution_device") = "", py::arg("record_event") = py::none(),
-      py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true);
+      py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true,
+      py::arg("load") = py::none());
+
+  // The loader (ddo/torch/loader.h).
+  m.def(
+      "placeholder_like",
+      [](const at::Tensor& like) {
+        return adapter::make_placeholder(like.sizes(), like.scalar_type());
+      },
+      py::arg("like"),
+      "A CPU tensor of like's shape and dtype that takes no memory (Note [Placeholders]).");
+  m.def("is_placeholder", &adapter::is_placeholder, py::arg("tensor"));
+  m.def(
+      "load_weights",
+      [](const std::string& model_class, const py::list& entries, py::dict load,
+         py::object record_event) {
+        adapter::ModuleTree tree = tree_from(model_class, entries);
+        const adapter::LoadOptions options = load_options(load);
+        auto events = std::make_shared<SetupEvents>();
+        events->host_callback = std::move(record_event);
+        const adapter::RecordEvent callback = SetupEvents::callback(events);
+        py::gil_scoped_release release;
+        adapter::load_weights(tree, options, callback);
+      },
+      py::arg("model_class"), py::arg("entries"), py::arg("load"),
+      py::arg("record_event") = py::none(),
+      "Reads every tensor the files hold into the module's CPU tensors (placeholders get "
+      "fresh ones).");
 
   m.def("is_managed", &adapter::is_managed, py::arg("tensor"),
         "True when the tensor is a streamed weight of an active offload.");

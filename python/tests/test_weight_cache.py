@@ -212,3 +212,31 @@ def test_show_profile_prints_one_line_at_the_end_of_profile_run(capfd):
         model(ids)
     offload.remove()
     assert "ddo profile:" not in capfd.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: residents kept on the "
+                    "device need one (the sim device's tensors are host tensors)")
+@torch.no_grad()
+def test_residents_kept_on_the_gpu_are_not_moved_again():
+    model = TinyNet().eval()
+    ids = tiny_inputs()
+    expected = model(ids)
+    options = dict(cached("py-keep"), execution_device="cuda", resident_module_budget_gb=1.0,
+                   small_tensor_threshold_bytes=1 << 20)
+    offload = ddo.enable_offload(model, **options)
+    moved = offload.report()["setup"]["bytes"]
+    assert moved["resident"] + moved["move_once"] > 0
+    on_first = model(ids.cuda()).cpu()
+    torch.testing.assert_close(on_first, expected)  # GPU kernels against the CPU reference
+    offload.remove(keep_residents=True)
+    on_gpu = [p for p in model.parameters() if p.is_cuda]
+    assert on_gpu, "keep_residents left nothing on the GPU"
+
+    offload = ddo.enable_offload(model, **options)
+    setup = offload.report()["setup"]
+    assert setup["bytes"]["on_device"] == moved["resident"] + moved["move_once"]
+    assert setup["bytes"]["resident"] + setup["bytes"]["move_once"] == 0
+    assert torch.equal(model(ids.cuda()).cpu(), on_first)
+    offload.remove()
+    assert not any(p.is_cuda for p in model.parameters())
+    assert torch.equal(model(ids), expected)

@@ -20,6 +20,7 @@
 #endif
 
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
@@ -38,6 +39,7 @@
 #include "ddo/torch/weight_cache.h"
 #include "intercept_common.h"
 #include "offload_state.h"
+#include "weight_source.h"
 #include "registration.h"
 #include "weight_cache_internal.h"
 
@@ -319,6 +321,26 @@ ViewKey view_key(const at::Tensor& t) {
           t.strides().vec(), static_cast<int>(t.scalar_type())};
 }
 
+// Storages remove(keep_residents_on_device) left on the device, so the next attach of the model
+// knows them from tensors the host put there itself. Weak: a freed storage drops out.
+std::mutex g_kept_mu;
+std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> g_kept_on_device;
+
+void remember_kept_on_device(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_kept_mu);
+  std::erase_if(g_kept_on_device, [](const auto& w) { return w.expired(); });
+  g_kept_on_device.emplace_back(t.storage().getWeakStorageImpl());
+}
+
+bool kept_on_device_by_ddo(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_kept_mu);
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  for (const auto& w : g_kept_on_device) {
+    if (w._unsafe_get_target() == impl && !w.expired()) return true;
+  }
+  return false;
+}
+
 void set_weight(at::Tensor& handle, const at::Tensor& data) {
   at::AutoGradMode no_grad(false);
   handle.set_data(data);
@@ -378,18 +400,44 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
   void* chunk = nullptr;
   Status st = s.device->allocate(total, &chunk);
   if (!st.ok()) {
-    throw Error(st.code(),
-                ddo::internal::str_cat("moving ", total, " bytes of resident and small ",
-                                       "tensors to ", s.device_name, " failed: ", st.message()));
+    // Name the resident budget that chose these modules and what to change.
+    std::string budget =
+        ddo::internal::str_cat("; the plan keeps ", gib(s.plan.resident_used_bytes),
+                               " GiB resident (budget ", gib(s.plan.resident_budget_bytes), " GiB");
+    if (const core::Decision* d = s.plan.find_decision("resident_budget_fit")) {
+      budget += ", already cut to the card: " + d->detail + ")";
+    } else if (s.plan.find_decision("resident_budget_manual") != nullptr) {
+      budget += ddo::internal::str_cat(
+          " from resident_module_budget_gb=", s.settings.config.resident_module_budget_gb,
+          "); lower it or set it to 0 for the balanced policy");
+    } else if (s.plan.find_decision("resident_budget_profile") != nullptr) {
+      budget += " from the saved profile); recalibrate on this card (build_profile=true)";
+    } else {
+      budget += "); lower vram_headroom or resident_module_budget_gb";
+    }
+    throw Error(st.code(), ddo::internal::str_cat("moving ", total, " bytes of resident and small ",
+                                                  "tensors to ", s.device_name,
+                                                  " failed: ", st.message(), budget));
   }
   std::shared_ptr<engine::Device> dev = s.device;
   std::shared_ptr<void> holder(chunk, [dev](void* p) { dev->deallocate(p); });
   std::vector<at::Tensor> sources;
   std::vector<void*> registered;
+  // The loader's tensors of this module are read in one parallel batch first.
+  std::vector<WeightSource::Read> reads;
+  for (std::size_t id : replaced_ids) {
+    const ReplacedTensor& r = s.replaced[id];
+    if (!r.from_file) {
+      sources.push_back(host_source(r.handle));
+      continue;
+    }
+    at::Tensor t = at::empty(r.sizes, at::TensorOptions().dtype(r.handle.scalar_type()));
+    reads.push_back({r.name, t.data_ptr(), t.scalar_type(), t.numel()});
+    sources.push_back(std::move(t));
+  }
+  if (!reads.empty()) s.weights->read(reads, s.record_event);
   for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
-    const at::Tensor& t = s.replaced[replaced_ids[k]].handle;
-    at::Tensor src = host_source(t);
-    sources.push_back(src);
+    const at::Tensor& src = sources[k];
     const std::size_t n = span_bytes(src);
     if (n > 0) {
       copy_to_device_registered(*s.device, static_cast<char*>(chunk) + offsets[k],
@@ -414,8 +462,8 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
 // Before anything moves: the smallest working set this plan can run with (its always-resident
 // and move-once tensors, and a staging ring of one unit ahead, Note [Working set]) must fit in
 // what the device has free, else the error says how much it needs and what to change. Residents
-// chosen by a budget are not part of the minimum: a budget too large for the card fails at its
-// own allocation, which names the budget.
+// chosen by a budget are not part of the minimum: the planner cuts a fixed budget to the card
+// (decision resident_budget_fit), and an allocation that still fails names the budget.
 void check_smallest_plan_fits(const OffloadState& s) {
   const core::Plan& plan = s.plan;
   if (!plan.execute || plan.stream_units.empty()) return;
@@ -449,6 +497,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
   // 1. Every tensor the plan touches, with its original look; tied views follow the first.
   std::map<ViewKey, int> first_of_view;
   std::vector<std::vector<int>> replaced_of(s.tree.entries.size());
+  std::vector<std::size_t> stays_from_file;  // modules with a kept tensor the loader fills
   for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
     ModuleEntry& entry = s.tree.entries[m];
     replaced_of[m].assign(entry.tensors.size(), -1);
@@ -456,23 +505,34 @@ void apply_plan(OffloadState& s, int pin_workers) {
       const core::TensorAction action = plan.modules[m].tensors[t].action;
       at::Tensor& handle = entry.tensors[t].tensor;
       const std::int64_t bytes = handle.numel() * handle.element_size();
+      const bool from_file = s.weights && s.weights->has(slot_name(entry, entry.tensors[t]));
       if (action == core::TensorAction::kKeep) {
         s.setup.kept_bytes += bytes;
+        if (from_file) stays_from_file.push_back(m);
         continue;
       }
+      bool kept_on_device = false;
       if (action != core::TensorAction::kStream && handle.device() == s.torch_device &&
           s.kind == engine::DeviceKind::kCuda) {
-        continue;  // already on the execution device
+        s.setup.on_device_bytes += bytes;
+        if (!kept_on_device_by_ddo(handle)) {
+          if (from_file) stays_from_file.push_back(m);
+          continue;  // the host put it on the execution device: it stays and stays there
+        }
+        // Left here by remove(keep_residents_on_device): nothing moves now, and a later plain
+        // remove() returns it to the host like any resident.
+        kept_on_device = true;
       }
       ReplacedTensor r;
       r.handle = handle;
       r.sizes = handle.sizes().vec();
       r.strides = handle.strides().vec();
-      r.original_device = handle.device();
+      r.original_device = kept_on_device ? c10::Device(c10::kCPU) : handle.device();
+      r.kept_on_device = kept_on_device;
       r.requires_grad = handle.requires_grad();
       r.action = action;
-      r.name =
-          entry.name.empty() ? entry.tensors[t].name : entry.name + "." + entry.tensors[t].name;
+      r.name = slot_name(entry, entry.tensors[t]);
+      r.from_file = from_file && !kept_on_device;
       auto [it, inserted] =
           first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
       if (!inserted) r.tied_to = it->second;
@@ -483,6 +543,22 @@ void apply_plan(OffloadState& s, int pin_workers) {
 
   check_smallest_plan_fits(s);
 
+  // Tensors that stay where they are but come from the file: read in place (loader.h).
+  if (!stays_from_file.empty()) {
+    ModuleTree kept;
+    stays_from_file.erase(std::unique(stays_from_file.begin(), stays_from_file.end()),
+                          stays_from_file.end());
+    for (std::size_t m : stays_from_file) {
+      ModuleEntry e = s.tree.entries[m];
+      e.tensors.clear();
+      for (std::size_t t = 0; t < s.tree.entries[m].tensors.size(); ++t) {
+        if (replaced_of[m][t] < 0) e.tensors.push_back(s.tree.entries[m].tensors[t]);
+      }
+      kept.entries.push_back(std::move(e));
+    }
+    materialize(kept, *s.weights, s.record_event);
+  }
+
   // 2. Residents and move-once tensors, one device allocation per module.
   auto t0 = Clock::now();
   engine::Stream stream = s.device->create_stream();
@@ -491,7 +567,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
     bool resident = plan.modules[m].placement == core::Placement::kResident;
     for (std::size_t t = 0; t < replaced_of[m].size(); ++t) {
       const int id = replaced_of[m][t];
-      if (id < 0 || s.replaced[id].tied_to >= 0) continue;
+      if (id < 0 || s.replaced[id].tied_to >= 0 || s.replaced[id].kept_on_device) continue;
       const core::TensorAction a = s.replaced[id].action;
       if (a != core::TensorAction::kResident && a != core::TensorAction::kMoveOnce) continue;
       const std::int64_t bytes =
@@ -616,11 +692,14 @@ void apply_plan(OffloadState& s, int pin_workers) {
 
     // Fill and re-point in chunks (Note [Setup order]).
     std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
+    std::vector<WeightSource::Read> reads;  // the loader's: file -> slab, no CPU copy
     std::vector<std::pair<std::size_t, std::size_t>> pending;  // (unit, index in unit)
     std::vector<at::Tensor> keep_sources;
     std::size_t chunk_bytes = 0;
     auto flush = [&] {
       parallel_copy(jobs, pin_workers);
+      if (!reads.empty()) s.weights->read(reads, s.record_event);
+      reads.clear();
       for (const auto& [ui, k] : pending) {
         const UnitLayout& u = units[ui];
         ReplacedTensor& r = s.replaced[u.ids[k]];
@@ -644,11 +723,18 @@ void apply_plan(OffloadState& s, int pin_workers) {
     for (std::size_t ui = 0; ui < units.size(); ++ui) {
       const UnitLayout& u = units[ui];
       for (std::size_t k = 0; k < u.ids.size(); ++k) {
-        const at::Tensor& h = s.replaced[u.ids[k]].handle;
-        at::Tensor src = host_source(h);
-        const std::size_t n = span_bytes(src);
+        const ReplacedTensor& r = s.replaced[u.ids[k]];
+        const at::Tensor& h = r.handle;
         s.setup.streamed_bytes += h.numel() * h.element_size();
         char* dst = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
+        if (r.from_file) {
+          reads.push_back({r.name, dst, h.scalar_type(), h.numel()});
+          chunk_bytes += span_bytes(h);
+          pending.emplace_back(ui, k);
+          continue;
+        }
+        at::Tensor src = host_source(h);
+        const std::size_t n = span_bytes(src);
         if (n > 0 && dst == src.data_ptr()) {
           // Already in its cached slab region (Note [Pinned-weight cache]): no copy.
           s.setup.weight_cache_reused_bytes += static_cast<std::int64_t>(n);
@@ -708,6 +794,12 @@ void apply_plan(OffloadState& s, int pin_workers) {
         {"staging_bytes", s.setup.staging_bytes},
         {"resident_modules", s.setup.resident_modules}});
 
+  if (s.weights) {
+    s.weights->finish(s.record_event);
+    s.setup.load_bytes = static_cast<std::int64_t>(s.weights->bytes_read());
+    s.setup.load_seconds = s.weights->seconds();
+  }
+
   // Tied views follow their first tensor.
   for (ReplacedTensor& r : s.replaced) {
     if (r.tied_to < 0) continue;
@@ -766,7 +858,7 @@ std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep
 
 }  // namespace
 
-void OffloadState::restore(bool keep_weight_cache) {
+void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_residents) {
   if (!active) return;
   active = false;
   ScopedUncountedCpuAllocations uncounted;
@@ -776,7 +868,8 @@ void OffloadState::restore(bool keep_weight_cache) {
   }
   if (device) device->synchronize_stream(engine::kDefaultStream);
   at::AutoGradMode no_grad(false);
-  std::shared_ptr<CachedWeights> entry = make_cache_entry(*this, keep_weight_cache);
+  std::shared_ptr<CachedWeights> entry =
+      setup_failed ? nullptr : make_cache_entry(*this, keep_weight_cache);
   if (!keep_weight_cache && settings.config.cache_pinned_weights) {
     (void)take_cached_weights(weight_cache_key);  // dropped
   }
@@ -785,6 +878,17 @@ void OffloadState::restore(bool keep_weight_cache) {
     ReplacedTensor& r = replaced[i];
     if (r.tied_to >= 0) {
       restored[i] = restored[r.tied_to];
+    } else if (setup_failed && r.from_file) {
+      restored[i] = make_placeholder(r.sizes, r.handle.scalar_type());
+    } else if (keep_residents && kind == engine::DeviceKind::kCuda &&
+               (r.action == core::TensorAction::kResident ||
+                r.action == core::TensorAction::kMoveOnce) &&
+               r.handle.device() == torch_device) {
+      // Stays in its device chunk for the next attach (RemoveOptions::keep_residents_on_device),
+      // which finds it on the execution device and moves nothing.
+      restored[i] = r.handle.detach();
+      kept_on_device_bytes += static_cast<std::int64_t>(span_bytes(r.handle));
+      remember_kept_on_device(restored[i]);
     } else if (entry && r.unit >= 0) {
       // Stays in its slab region, now owned by the cache and this view together.
       char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
@@ -847,6 +951,8 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   s->model_class = options.model_class.empty() ? s->tree.model_class : options.model_class;
   s->tree.model_class = s->model_class;
   s->record_event = options.record_event;
+  s->weights = options.weights;
+  if (s->weights) s->setup.load_path = s->weights->checkpoint().root;
   const core::EnvMap env = options.env ? *options.env : core::process_env();
 
   // Settings.
@@ -934,6 +1040,19 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
         static_cast<std::int64_t>(*s->prepared.resident_budget_gb * core::kGiB);
   }
   if (!ctx.calibrating) ctx.candidate_compute_ms = s->prepared.candidate_compute_ms;
+  if (config.resident_module_budget_gb > 0) {
+    // Who set the fixed budget, for the planner's resident_budget_fit decision (Note [Resident
+    // budget fits the card] in core/src/planner_residency.cpp).
+    if (options.overrides.contains("resident_module_budget_gb")) {
+      ctx.resident_budget_origin = "an enable_offload override";
+    } else if (options.config || options.settings) {
+      ctx.resident_budget_origin = "the config passed by code";
+    } else if (env.count("DDO_RESIDENT_MODULE_BUDGET_GB") > 0) {
+      ctx.resident_budget_origin = "DDO_RESIDENT_MODULE_BUDGET_GB";
+    } else {
+      ctx.resident_budget_origin = "preset " + s->settings.effective_preset;
+    }
+  }
   {
     // The planner gets the mode the user asked for: it resolves it by the same rule and records
     // the decision that did (sdnq_runtime_auto), so the report explains the runtime.
@@ -970,12 +1089,20 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
     try {
       internal::apply_plan(*s, config.pin_cpu_workers);
     } catch (...) {
-      s->restore();  // leave the model as it was
+      s->restore(/*keep_weight_cache=*/true, /*setup_failed=*/true);  // the model as it was
       throw;
     }
   } else {
     s->active = false;
+    if (s->weights) {  // plan mode: the loaded model is an ordinary CPU model
+      ScopedUncountedCpuAllocations uncounted;
+      materialize(s->tree, *s->weights, s->record_event);
+      s->weights->finish(s->record_event);
+      s->setup.load_bytes = static_cast<std::int64_t>(s->weights->bytes_read());
+      s->setup.load_seconds = s->weights->seconds();
+    }
   }
+  s->weights.reset();  // closes the files
   s->setup.total_seconds = internal::seconds_since(start);
   internal::emit(*s, "setup", s->setup.total_seconds,
                  {{"device", s->device_name}, {"preset", s->settings.effective_preset}});
@@ -1031,7 +1158,8 @@ void Offload::remove() {
   state_->restore();
 }
 void Offload::remove(const RemoveOptions& options) {
-  state_->restore(/*keep_weight_cache=*/!options.clear_weight_cache);
+  state_->restore(/*keep_weight_cache=*/!options.clear_weight_cache, /*setup_failed=*/false,
+                  options.keep_residents_on_device);
 }
 bool Offload::active() const {
   return state_->active;
@@ -1094,7 +1222,10 @@ nlohmann::json Offload::report() const {
                  {{"resident", f.resident_bytes},
                   {"move_once", f.move_once_bytes},
                   {"streamed", f.streamed_bytes},
-                  {"kept", f.kept_bytes}}},
+                  {"kept", f.kept_bytes},
+                  // Already on the execution device at attach (e.g. residents kept there by the
+                  // previous remove(keep_residents_on_device)): nothing moved.
+                  {"on_device", f.on_device_bytes}}},
                 {"pinned_bytes", f.pinned_bytes},
                 {"pageable_bytes", f.pageable_bytes},
                 {"pin_fallback_bytes", f.pin_fallback_bytes},
@@ -1109,6 +1240,17 @@ nlohmann::json Offload::report() const {
                   {"refilled_bytes", f.weight_cache_refilled_bytes},
                   {"changed_in_place", f.weight_cache_changed_in_place},
                   {"process", pinned_weight_cache_stats().to_json()}}}};
+  if (!f.load_path.empty()) {
+    // Every weight went from the files to its place (loader.h); "tier": where streamed units
+    // read from during steps (pinned host memory: the whole model was admitted).
+    r["setup"]["load"] = {
+        {"path", f.load_path},
+        {"bytes", f.load_bytes},
+        {"seconds", f.load_seconds},
+        {"gbps",
+         f.load_seconds > 0 ? static_cast<double>(f.load_bytes) / f.load_seconds / 1e9 : 0.0},
+        {"tier", "host"}};
+  }
   r["modules_patched"] = f.modules_patched;
   r["resident_modules"] = s.plan.resident_module_names();
   r["resident_bytes"] = f.resident_bytes;

@@ -34,6 +34,8 @@ struct ReplacedTensor {
   std::string name;  // "module.tensor", for the pinned-weight cache
   int unit = -1;     // streamed: its stream unit (slab tensor) and byte offset there
   std::size_t unit_offset = 0;
+  bool from_file = false;       // the loader reads it (loader.h); on a failed setup: a placeholder
+  bool kept_on_device = false;  // found on the device, left there by remove(keep_residents)
 };
 
 // Setup figures (spec §9).
@@ -60,6 +62,10 @@ struct SetupFigures {
   std::int64_t weight_cache_reused_bytes = 0;    // served from cached slabs, no copy
   std::int64_t weight_cache_refilled_bytes = 0;  // copied into cached slabs
   std::int64_t weight_cache_changed_in_place = 0;
+  std::int64_t on_device_bytes = 0;  // already on the execution device at attach: not moved
+  std::int64_t load_bytes = 0;       // read from the checkpoint by the loader (loader.h)
+  double load_seconds = 0.0;         // from the first read to the last
+  std::string load_path;             // the checkpoint; "" when the model brought its weights
 };
 
 struct OffloadState {
@@ -79,6 +85,8 @@ struct OffloadState {
   std::unique_ptr<MemoryProbe> probe;
   std::unique_ptr<ScopedCountingCpuAllocator> counting;  // sim only
 
+  std::shared_ptr<WeightSource> weights;  // the loader's checkpoint, or null
+
   std::unique_ptr<core::ProfileStore> store;
   core::PreparedProfile prepared;
   nlohmann::json profile_report = nlohmann::json::object();
@@ -93,8 +101,12 @@ struct OffloadState {
   std::vector<std::size_t> unit_bytes;  // bytes of each stream unit, as laid out in the slabs
 
   // `keep_weight_cache` false: copy the weights out and drop this model's cache entry, as
-  // remove(clear_weight_cache) asks.
-  void restore(bool keep_weight_cache = true);
+  // remove(clear_weight_cache) asks. `setup_failed`: the loader's tensors become placeholders
+  // again and no cache entry is made (the slabs may be partly filled). `keep_residents`: resident
+  // and move-once tensors stay on the CUDA device (RemoveOptions::keep_residents_on_device).
+  void restore(bool keep_weight_cache = true, bool setup_failed = false,
+               bool keep_residents = false);
+  std::int64_t kept_on_device_bytes = 0;  // left on the device by restore(keep_residents)
 };
 
 // One open profile_run() region.

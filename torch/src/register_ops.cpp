@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "host_tensor.h"
 #include "intercept_common.h"
 #include "kernels.h"
 #include "ddo/torch/interception.h"
@@ -34,14 +35,7 @@ at::Tensor make_managed_tensor(void* data, std::size_t bytes, at::IntArrayRef si
                                std::shared_ptr<StreamRuntime> owner, int unit,
                                std::size_t offset_bytes) {
   auto* record = new ManagedWeight{owner.get(), unit, offset_bytes, std::move(owner)};
-  c10::DataPtr ptr(data, record, &managed_deleter, c10::Device(c10::kCPU));
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr),
-                       /*allocator=*/nullptr, /*resizable=*/false);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      caffe2::TypeMeta::fromScalarType(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, /*storage_offset=*/0);
-  return t;
+  return cpu_tensor_over(data, bytes, sizes, strides, dtype, record, &managed_deleter);
 }
 
 StreamRuntime::~StreamRuntime() = default;

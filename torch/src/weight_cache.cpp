@@ -9,6 +9,7 @@
 #include <ATen/core/TensorBody.h>
 #include <c10/core/TensorImpl.h>
 
+#include "host_tensor.h"
 #include "weight_cache_internal.h"
 
 namespace ddo::adapter {
@@ -185,21 +186,11 @@ at::Tensor make_cached_view(void* data, std::size_t bytes, at::IntArrayRef sizes
   auto shared = std::make_shared<Lease>(Lease{std::move(keep)});
   *lease = shared;
   auto* context = new std::shared_ptr<Lease>(std::move(shared));
-  c10::DataPtr ptr(data, context, &cached_view_deleter, c10::Device(c10::kCPU));
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr),
-                       /*allocator=*/nullptr, /*resizable=*/false);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      caffe2::TypeMeta::fromScalarType(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, /*storage_offset=*/0);
-  return t;
+  return cpu_tensor_over(data, bytes, sizes, strides, dtype, context, &cached_view_deleter);
 }
 
 bool is_cached_view(const at::Tensor& t) {
-  if (!t.defined()) return false;
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (!impl->has_storage()) return false;
-  return impl->unsafe_storage().data_ptr().get_deleter() == &cached_view_deleter;
+  return has_deleter(t, &cached_view_deleter);
 }
 
 void unmark_cached_views(const ModuleTree& tree, core::ModelInventory* inventory) {
@@ -227,7 +218,8 @@ std::string plan_cache_key(const core::ModelInventory& inventory,
       {"staging_bytes", ctx.staging_bytes ? *ctx.staging_bytes : -1},
       {"all_block_lists", ctx.all_block_lists},
       {"candidate_compute_ms", ctx.candidate_compute_ms},
-      {"ram_known", ctx.available_ram_bytes.has_value()}};
+      {"ram_known", ctx.available_ram_bytes.has_value()},
+      {"resident_budget_origin", ctx.resident_budget_origin}};
   return key.dump();
 }
 

@@ -51,6 +51,8 @@ class Device;
 
 namespace ddo::adapter {
 
+class WeightSource;  // loader.h
+
 /// Setup events for the host's metrics: name ("plan", "pin", "moves", ...), seconds, payload.
 using RecordEvent =
     std::function<void(const std::string& name, double seconds, const nlohmann::json& payload)>;
@@ -76,6 +78,9 @@ struct OffloadOptions {
   /// Use this device instead of opening one from execution_device (a pipeline shares one device
   /// between its components; tests wrap one). Its kind must match execution_device.
   std::shared_ptr<engine::Device> device;
+  /// The loader's checkpoint (loader.h): the tensors it holds are read from it straight
+  /// into the memory the plan gives them. Null: the model's own tensors are the source.
+  std::shared_ptr<WeightSource> weights;
 };
 
 /// The handle enable_offload() returns: the model's weights are placed by ddo for as long as it
@@ -95,6 +100,11 @@ class Offload {
     /// Drop this model's pinned-weight cache entry and copy its weights out of the slabs, as
     /// without cache_pinned_weights (weight_cache.h).
     bool clear_weight_cache = false;
+    /// CUDA: resident and move-once tensors stay on the device, so the next enable_offload of
+    /// this model finds them there and moves nothing (a staged flow that releases the denoiser
+    /// only to run the VAE). Until then the module is split between host and device; a later
+    /// remove() without this flag returns them to the host.
+    bool keep_residents_on_device = false;
   };
   /// remove() with options; see RemoveOptions.
   void remove(const RemoveOptions& options);

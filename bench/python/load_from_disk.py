@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""W1-py from disk (issue 16): ddo's loader against diffusers' from_pretrained + group offload.
+
+Writes W1-py's FluxTransformer2DModel (bench/python/w1_py.py: FLUX.1-dev dimensions, seeded
+random bf16 weights) to --dir with ``save_pretrained`` (sharded), then, each in a fresh process:
+
+  disk          the files' sequential read bandwidth: cold (page cache dropped for these files
+                with posix_fadvise(DONTNEED) after an fsync: no root needed) and warm
+  ddo           from_pretrained_with_dynamic_offload(apply_dynamic=True) at each --caps GiB
+                (vram_cap_gb), cold and warm page cache: setup seconds, load GB/s, peak RSS, and
+                --steps timed steps after a warm-up step
+  diffusers     FluxTransformer2DModel.from_pretrained + enable_group_offload (block level, one
+                block per group, streams), warm page cache: setup seconds, peak RSS, steps
+
+One JSON line per row on stdout; --out FILE.json writes everything with the machine's facts.
+
+    python bench/python/load_from_disk.py --dir /tmp/w1py-disk --caps 8,16 --out load.json
+    python bench/python/load_from_disk.py --size tiny --device sim --dir /tmp/w1py-tiny  # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import w1_py  # noqa: E402
+
+GB = 1e9
+GiB = float(1 << 30)
+
+
+def log(msg: str) -> None:
+    print(f"[load_from_disk] {msg}", file=sys.stderr, flush=True)
+
+
+w1_py.log = log
+
+
+def shard_files(path: str) -> list[str]:
+    return sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+
+
+def drop_cache(path: str) -> None:
+    for f in shard_files(path):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cached_fraction(path: str) -> float | None:
+    """Share of the files' pages in the page cache (mmap + mincore), or None if unknown."""
+    try:
+        import ctypes
+        import mmap
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        page = mmap.PAGESIZE
+        total = resident = 0
+        for f in shard_files(path):
+            size = os.path.getsize(f)
+            if size == 0:
+                continue
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+                if addr in (None, ctypes.c_void_p(-1).value):
+                    return None
+                n = (size + page - 1) // page
+                vec = (ctypes.c_ubyte * n)()
+                rc = libc.mincore(addr, size, vec)
+                libc.munmap(addr, size)
+            finally:
+                os.close(fd)
+            if rc != 0:
+                return None
+            total += n
+            resident += sum(v & 1 for v in bytes(vec))
+        return resident / total if total else None
+    except Exception:
+        return None
+
+
+def read_bandwidth(path: str, threads: int = 8, piece: int = 64 << 20) -> dict:
+    """Reads every shard with `threads` pread workers; GB/s over all bytes."""
+    jobs = []
+    for f in shard_files(path):
+        size = os.path.getsize(f)
+        jobs += [(f, off, min(piece, size - off)) for off in range(0, size, piece)]
+    lock = threading.Lock()
+    state = {"next": 0}
+    fds = {f: os.open(f, os.O_RDONLY) for f in shard_files(path)}
+
+    def worker():
+        while True:
+            with lock:
+                i = state["next"]
+                state["next"] += 1
+            if i >= len(jobs):
+                return
+            f, off, n = jobs[i]
+            got = 0
+            while got < n:
+                b = os.pread(fds[f], min(n - got, 16 << 20), off + got)
+                if not b:
+                    break
+                got += len(b)
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    for fd in fds.values():
+        os.close(fd)
+    nbytes = sum(n for _, _, n in jobs)
+    return dict(bytes=nbytes, seconds=dt, gbps=nbytes / dt / GB)
+
+
+# --- one row per process ----------------------------------------------------------------------
+
+
+def child(args) -> dict:
+    import torch
+
+    import ddo
+    from diffusers import FluxTransformer2DModel
+
+    cuda = args.device == "cuda"
+    row = dict(route=args.child, cap_gib=args.cap, cache=args.cache)
+    inputs = w1_py.make_inputs(args.size, "cuda" if cuda else "cpu",
+                               w1_py.SIZES[args.size]["config"].get("guidance_embeds", False))
+    w1_py.reset_host_peak()
+    rss0, _ = w1_py.host_rss_gib()
+    t0 = time.perf_counter()
+    if args.child == "ddo":
+        # W1-py's ddo rows: preset one_shot_fast, the cap through its DDO_ variable.
+        os.environ["DDO_VRAM_CAP_GB" if cuda else "DDO_SIM_DEVICE_GB"] = str(args.cap)
+        loaded = ddo.from_pretrained_with_dynamic_offload(
+            args.dir, model_loader=FluxTransformer2DModel, apply_dynamic=True,
+            preset="one_shot_fast", execution_device=args.device, dtype=torch.bfloat16,
+        )
+        model = loaded.module
+        w1_py.sync(cuda)
+        row["setup_s"] = time.perf_counter() - t0
+        setup = loaded.report()["setup"]
+        row["load"] = setup.get("load")
+        row["pinned_gib"] = setup["pinned_bytes"] / GiB
+        row["resident_gib"] = setup["bytes"]["resident"] / GiB
+        row["pin_s"] = setup["pin_seconds"]
+        row["moves_s"] = setup["moves_seconds"]
+        row["preset"] = loaded.report()["preset"]
+    else:
+        model = FluxTransformer2DModel.from_pretrained(args.dir, torch_dtype=torch.bfloat16)
+        row["from_pretrained_s"] = time.perf_counter() - t0
+        model.enable_group_offload(
+            onload_device=torch.device("cuda"), offload_device=torch.device("cpu"),
+            offload_type="block_level", num_blocks_per_group=1, use_stream=True,
+            record_stream=True,
+        )
+        w1_py.sync(cuda)
+        row["setup_s"] = time.perf_counter() - t0
+    rss1, hwm = w1_py.host_rss_gib()
+    row["peak_rss_gib"] = hwm - rss0 if hwm is not None and rss0 is not None else None
+    row["rss_after_setup_gib"] = rss1 - rss0 if rss1 is not None and rss0 is not None else None
+    first, times, finite = w1_py.run_steps(model, inputs, args.steps, cuda)
+    row.update(first_step_s=first, step_s=sorted(times)[len(times) // 2], finite=finite)
+    return row
+
+
+def run_child(args, route: str, cap: float, cache: str) -> dict:
+    if cache == "cold":
+        drop_cache(args.dir)
+    cached = cached_fraction(args.dir)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", route, "--cap", str(cap),
+           "--cache", cache, "--dir", args.dir, "--size", args.size, "--device", args.device,
+           "--steps", str(args.steps)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
+    if out.returncode != 0:
+        row = dict(route=route, cap_gib=cap, cache=cache, error=out.stderr[-2000:])
+    else:
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["page_cache_before"] = cached
+    row["process_s"] = time.perf_counter() - t0
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def write_model(args) -> dict:
+    import torch
+
+    cuda = args.device == "cuda"
+    model, nbytes, params, _ = w1_py.build_model(args.size, "cuda" if cuda else "cpu")
+    t0 = time.perf_counter()
+    model.save_pretrained(args.dir, max_shard_size=args.shard_size)
+    for f in shard_files(args.dir):
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    dt = time.perf_counter() - t0
+    del model
+    torch.cuda.empty_cache() if cuda else None
+    log(f"wrote {nbytes / GB:.1f} GB in {len(shard_files(args.dir))} shards in {dt:.1f} s")
+    return dict(bytes=nbytes, params=params, shards=len(shard_files(args.dir)), write_s=dt)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dir", required=True, help="where the model is written (local disk)")
+    p.add_argument("--size", choices=sorted(w1_py.SIZES), default="full")
+    p.add_argument("--device", choices=("cuda", "sim"), default="cuda")
+    p.add_argument("--caps", default="8,16")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--shard-size", default="5GB")
+    p.add_argument("--routes", default="ddo,diffusers")
+    p.add_argument("--keep", action="store_true", help="reuse a model already in --dir")
+    p.add_argument("--out")
+    p.add_argument("--commit")
+    p.add_argument("--child-timeout", type=int, default=300)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--cap", type=float, default=8.0, help=argparse.SUPPRESS)
+    p.add_argument("--cache", default="warm", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    cuda = args.device == "cuda"
+    result = dict(benchmark="w1-py-from-disk", size=args.size, steps=args.steps,
+                  commit=args.commit or w1_py.default_commit(),
+                  command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  machine=w1_py.machine_facts(cuda), rows=[])
+    if not (args.keep and os.path.isdir(args.dir) and shard_files(args.dir)):
+        os.makedirs(args.dir, exist_ok=True)
+        result["model"] = write_model(args)
+    drop_cache(args.dir)
+    result["disk"] = dict(cold=read_bandwidth(args.dir), warm=read_bandwidth(args.dir))
+    log(f"disk: cold {result['disk']['cold']['gbps']:.2f} GB/s, "
+        f"warm {result['disk']['warm']['gbps']:.2f} GB/s")
+    caps = [float(c) for c in args.caps.split(",") if c.strip()]
+    routes = args.routes.split(",")
+
+    def save():
+        if args.out:
+            with open(args.out + ".tmp", "w") as f:
+                json.dump(result, f, indent=2)
+            os.replace(args.out + ".tmp", args.out)
+
+    if "ddo" in routes:
+        result["rows"].append(run_child(args, "ddo", caps[0], "cold"))
+        save()
+        for cap in caps:
+            result["rows"].append(run_child(args, "ddo", cap, "warm"))
+            save()
+    if "diffusers" in routes and cuda:
+        result["rows"].append(run_child(args, "diffusers", 0.0, "warm"))
+        save()
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

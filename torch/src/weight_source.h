@@ -1,0 +1,82 @@
+// WeightSource: the loader's validated checkpoint, read into memory the caller owns (internal;
+// loader.cpp; used by enable_offload.cpp's placement). See ddo/torch/loader.h.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "ddo/core/checkpoint.h"
+#include "ddo/torch/enable_offload.h"
+#include "ddo/torch/loader.h"
+
+namespace ddo::adapter {
+
+class WeightSource {
+ public:
+  WeightSource(core::Checkpoint checkpoint, LoadOptions options);
+  ~WeightSource();
+
+  // One tensor to read: `numel` elements of `dtype`, contiguous, at `dst`.
+  struct Read {
+    std::string name;  // the module's name for it (ties resolved by the source)
+    void* dst = nullptr;
+    at::ScalarType dtype = at::kFloat;
+    std::int64_t numel = 0;
+  };
+
+  // Checks the module against the checkpoint (see loader.h) and records the bytes to read, the
+  // names tied tensors are stored under, and the non-meta tensors the file also holds. Throws
+  // ddo::Error listing every problem.
+  void check(const ModuleTree& tree);
+
+  // Reads `reads` on the configured workers; reports progress through `events` ("load").
+  void read(const std::vector<Read>& reads, const RecordEvent& events);
+  // A fresh contiguous CPU tensor holding `name` as `like` looks (sizes, dtype).
+  at::Tensor read_cpu(const std::string& name, const at::Tensor& like, const RecordEvent& events);
+  // Emits the final "load" event (bytes, seconds, GB/s).
+  void finish(const RecordEvent& events);
+
+  // True when the files hold `name` (directly or under a tied tensor's name).
+  bool has(const std::string& name) const;
+  std::uint64_t bytes_read() const { return done_bytes_; }
+  // Seconds from the first read to the last (0 before any).
+  double seconds() const { return seconds_; }
+  const core::Checkpoint& checkpoint() const { return checkpoint_; }
+  const LoadOptions& options() const { return options_; }
+
+ private:
+  const core::CheckpointTensor& find(const std::string& name) const;
+  void report(const RecordEvent& events, bool final_event);
+
+  core::Checkpoint checkpoint_;
+  LoadOptions options_;
+  std::unique_ptr<core::CheckpointReader> reader_;
+  int workers_ = 1;                               // LoadOptions::read_workers, resolved
+  std::map<std::string, std::string> stored_as_;  // tied module name -> name in the file
+  std::uint64_t total_bytes_ = 0;                 // file bytes of the tensors to read
+  std::uint64_t done_bytes_ = 0;
+  bool started_ = false;
+  double seconds_ = 0.0;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_report_;
+};
+
+// The at:: type of a file dtype.
+at::ScalarType to_scalar_type(core::TensorDtype dtype);
+// With `dtype`: floating placeholders of the tree take it (LoadOptions::dtype).
+void retype_placeholders(ModuleTree& tree, std::optional<at::ScalarType> dtype);
+// Reads every tensor of `tree` that `source` holds into CPU memory: placeholders get fresh
+// tensors, other tensors are overwritten in place.
+void materialize(const ModuleTree& tree, WeightSource& source, const RecordEvent& events);
+
+// The module's full name of a tensor slot ("blocks.0.attn.to_q.weight").
+std::string slot_name(const ModuleEntry& entry, const TensorSlot& slot);
+
+}  // namespace ddo::adapter

@@ -1,0 +1,193 @@
+// The loader from C++ (issue 16; ddo/torch/loader.h): a LibTorch module's weights written as a
+// safetensors file, the module released to placeholders, then loaded straight into place on the
+// sim device; a failed setup leaves placeholders, mismatches are one clear error.
+#include "ddo/torch/loader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+
+#include "ddo/engine/sim_faults.h"
+#include "ddo/torch/enable_offload.h"
+#include "ddo/torch/interception.h"
+#include "test_util.h"
+
+namespace ddo::adapter {
+namespace {
+
+using test::TempDir;
+
+struct Model {
+  torch::nn::Sequential net{torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),
+                            torch::nn::Linear(64, 32)};
+  at::Tensor input = at::randn({4, 64});
+  at::Tensor run() {
+    torch::NoGradGuard no_grad;
+    return net->forward(input).clone();
+  }
+};
+
+// Writes `tensors` (name -> fp32 CPU tensor) as one safetensors file.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor c = t.contiguous();
+    const std::size_t begin = data.size();
+    data.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+    header[name] = {
+        {"dtype", "F32"}, {"shape", c.sizes().vec()}, {"data_offsets", {begin, data.size()}}};
+  }
+  const std::string text = header.dump();
+  const std::uint64_t n = text.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> state_of(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : m.named_parameters())
+    out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
+bool all_placeholders(torch::nn::Module& m) {
+  for (const at::Tensor& p : m.parameters()) {
+    if (!is_placeholder(p)) return false;
+  }
+  return true;
+}
+
+OffloadOptions stream_all(const TempDir& dir) {
+  return test::sim_options(dir, {{"resident_module_budget_gb", 0.0}});
+}
+
+TEST(Loader, LoadsStraightIntoPlaceAndRunsLikeTheOriginal) {
+  torch::manual_seed(3);
+  Model model;
+  TempDir dir;
+  const at::Tensor expected = model.run();
+  const std::string file = (dir.path() / "model.safetensors").string();
+  write_safetensors(file, state_of(*model.net));
+
+  release_weights(*model.net);
+  ASSERT_TRUE(all_placeholders(*model.net));
+  LoadOptions load;
+  load.path = file;
+  load.read_workers = 3;
+  std::vector<std::string> events;
+  OffloadOptions opts = stream_all(dir);
+  opts.record_event = [&](const std::string& name, double, const nlohmann::json&) {
+    events.push_back(name);
+  };
+  auto offload = load_with_offload(*model.net, load, opts);
+  const nlohmann::json report = offload->report();
+  ASSERT_TRUE(report["executing"].get<bool>());
+  EXPECT_GT(report["setup"]["bytes"]["streamed"].get<std::int64_t>(), 0);
+  std::int64_t total = 0;
+  for (const at::Tensor& p : model.net->parameters()) total += p.numel() * p.element_size();
+  EXPECT_EQ(report["setup"]["load"]["bytes"].get<std::int64_t>(), total);
+  EXPECT_EQ(std::count(events.begin(), events.end(), "load"), 1);
+  EXPECT_TRUE(at::equal(model.run(), expected));
+  offload->remove();
+  EXPECT_FALSE(is_placeholder(model.net->parameters()[0]));
+  EXPECT_TRUE(at::equal(model.run(), expected));
+}
+
+TEST(Loader, LoadWeightsWithoutOffloadFillsCpuTensors) {
+  torch::manual_seed(4);
+  Model model;
+  TempDir dir;
+  const at::Tensor expected = model.run();
+  const std::string file = (dir.path() / "model.safetensors").string();
+  write_safetensors(file, state_of(*model.net));
+  release_weights(*model.net);
+  LoadOptions load;
+  load.path = dir.path().string();  // the directory with its one file
+  load_weights(*model.net, load);
+  EXPECT_FALSE(all_placeholders(*model.net));
+  EXPECT_TRUE(at::equal(model.run(), expected));
+}
+
+TEST(Loader, AFailedSetupLeavesPlaceholdersAndNothingAttached) {
+  torch::manual_seed(5);
+  Model model;
+  TempDir dir;
+  const std::string file = (dir.path() / "model.safetensors").string();
+  write_safetensors(file, state_of(*model.net));
+  release_weights(*model.net);
+  auto faults = std::make_shared<engine::SimFaults>();
+  engine::SimDeviceOptions so;
+  so.capacity_bytes = std::int64_t{1} << 30;
+  OffloadOptions opts = stream_all(dir);
+  opts.device = std::shared_ptr<engine::Device>(engine::make_sim_device(so, faults));
+  faults->fail_nth(engine::SimFault::kAllocate, 1, 1000);  // staging cannot be allocated
+  LoadOptions load;
+  load.path = file;
+  EXPECT_THROW(load_with_offload(*model.net, load, opts), ddo::Error);
+  EXPECT_TRUE(all_placeholders(*model.net));
+  EXPECT_FALSE(interception_active());
+}
+
+TEST(Loader, MismatchesAreOneErrorNamingTheTensors) {
+  torch::manual_seed(6);
+  Model model;
+  TempDir dir;
+  auto state = state_of(*model.net);
+  state[0].first = "0.wrong_name";                             // missing "0.weight", unexpected
+  state[1].second = state[1].second.narrow(0, 0, 32).clone();  // "0.bias" [64] -> [32]
+  const std::string file = (dir.path() / "bad.safetensors").string();
+  write_safetensors(file, state);
+  release_weights(*model.net);
+  LoadOptions load;
+  load.path = file;
+  try {
+    load_with_offload(*model.net, load, stream_all(dir));
+    FAIL() << "loaded a file that does not match";
+  } catch (const ddo::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), Code::kInvalidArgument);
+    EXPECT_NE(what.find("'0.weight'"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(all_placeholders(*model.net));
+  state = state_of(*model.net);  // placeholders: right names and shapes, zero values
+  state.emplace_back("extra.weight", at::randn({2}));
+  write_safetensors(file, state);
+  try {
+    load_weights(*model.net, load);
+    FAIL() << "loaded a file with a tensor the module lacks";
+  } catch (const ddo::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'extra.weight'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allow_unexpected_keys"), std::string::npos);
+  }
+  load.allow_unexpected_keys = true;
+  load_weights(*model.net, load);
+  EXPECT_FALSE(all_placeholders(*model.net));
+}
+
+TEST(Loader, PlaceholdersTakeNoMemory) {
+  // 16 GiB of placeholders: address space only.
+  const at::Tensor big = make_placeholder({std::int64_t{1} << 32}, at::kFloat);
+  EXPECT_TRUE(is_placeholder(big));
+  EXPECT_EQ(big.numel(), std::int64_t{1} << 32);
+  EXPECT_FALSE(is_placeholder(at::randn({2})));
+}
+
+}  // namespace
+}  // namespace ddo::adapter
