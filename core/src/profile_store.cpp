@@ -1,11 +1,5 @@
 #include "ddo/core/profile_store.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -22,17 +16,14 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
+
+#include "os_file.h"
 
 namespace ddo::core {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string errno_text(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
 
 Status unavailable_dir(const fs::path& directory, const std::string& what) {
   return Status(Code::kUnavailable,
@@ -123,20 +114,7 @@ bool get_string(const json& object, const char* key, std::string* out) {
 // Durable-file helpers.
 // ---------------------------------------------------------------------------------------------
 
-std::string sha256_hex(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  const int ok = EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
-  DDO_ASSERT(ok == 1 && length == 32, "EVP_Digest(sha256) failed");
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * length);
-  for (unsigned int i = 0; i < length; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 0xf]);
-  }
-  return out;
-}
+// sha256_hex: sha256.cpp (Note [SHA-256 per platform]).
 
 // Note [The seed library's files]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -350,8 +328,7 @@ std::string utc_now_iso8601() {
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
   const auto millis =
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
+  const std::tm utc = os::utc_time(seconds);
   char buffer[32];
   std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%S", &utc);
   return fmt::format("{}.{:03d}Z", buffer, static_cast<int>(millis));
@@ -368,17 +345,18 @@ fs::path resolve_profile_dir(const std::map<std::string, std::string>& env) {
   const bool home_relative = dir == "~" || dir.starts_with("~/");
   if (!dir.empty() && !home_relative) return fs::path(dir);
 #ifdef _WIN32
-  std::string home = lookup("USERPROFILE");
+  fs::path home = lookup("USERPROFILE");
   if (home.empty()) home = lookup("HOME");
+  if (home.empty()) home = os::system_home_folder();
 #else
-  std::string home = lookup("HOME");
+  fs::path home = lookup("HOME");
   if (home.empty()) home = lookup("USERPROFILE");
 #endif
   DDO_CHECK(!home.empty(), Code::kFailedPrecondition,
             "cannot find the profile directory: neither HOME nor USERPROFILE is set; set "
             "DDO_PROFILE_DIR to a writable directory");
-  if (home_relative) return dir.size() <= 2 ? fs::path(home) : fs::path(home) / dir.substr(2);
-  return fs::path(home) / ".ddo" / "profiles";
+  if (home_relative) return dir.size() <= 2 ? home : home / dir.substr(2);
+  return home / ".ddo" / "profiles";
 }
 
 Status ensure_profile_directory(const fs::path& directory) {
@@ -399,118 +377,43 @@ Status write_file_atomic(const fs::path& target, std::string_view content,
   // A unique temporary name per process and call, hidden (leading dot) and never matching the
   // "ddo-profile-*.json" pattern, so a leftover from a killed writer is never listed or loaded.
   static std::atomic<unsigned> counter{0};
-  const fs::path temp =
-      directory / fmt::format(".{}.tmp-{}-{}", target.filename().string(),
-                              static_cast<long>(::getpid()), counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return unavailable_dir(directory, "cannot create a file: " + errno_text(errno));
-
-  auto fail = [&](const std::string& what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return unavailable_dir(directory, what + ": " + errno_text(err));
-  };
-  std::size_t written = 0;
-  while (written < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("cannot write '" + temp.filename().string() + "'");
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  // The data must be on disk before the rename makes it visible, or a power loss could leave an
+  const fs::path temp = directory / fmt::format(".{}.tmp-{}-{}", target.filename().string(),
+                                                os::current_process_id(), counter.fetch_add(1));
+  // The data is on the disk before the rename makes it visible, or a power loss could leave an
   // empty file under the final name (the classic ext4 rename-without-fsync bug).
-  if (::fsync(fd) != 0) return fail("cannot sync '" + temp.filename().string() + "'");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return unavailable_dir(directory, "cannot close a file: " + errno_text(err));
-  }
+  os::Result written = os::write_new_file(temp, content);
+  if (!written.ok()) return unavailable_dir(directory, written.text);
   if (options.before_rename) options.before_rename(temp);
-  if (::rename(temp.c_str(), target.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return unavailable_dir(directory, fmt::format("cannot rename onto '{}': {}",
-                                                  target.filename().string(), errno_text(err)));
-  }
-  // Persist the rename itself. Failure here leaves a correct file that may not survive a power
-  // loss; not worth failing the save for, and some file systems refuse directory fsync.
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
+  os::Result replaced = os::replace_file(temp, target);
+  if (!replaced.ok()) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+    return unavailable_dir(directory, replaced.text);
   }
   return Status::ok_status();
 }
-
-namespace {
-
-// What a non-regular file is, for messages.
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-}  // namespace
 
 Status read_text_file(const fs::path& path, std::string* content, std::size_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT)
+  const os::Result read = os::read_regular_file(path, max_bytes, content);
+  switch (read.fail) {
+    case os::Fail::kNone:
+      return Status::ok_status();
+    case os::Fail::kNotFound:
       return Status(Code::kNotFound, fmt::format("'{}' does not exist", path.string()));
-    if (err == EISDIR) {
-      return data_loss(fmt::format("'{}' is a directory, not a file; move it away", path.string()));
-    }
-    return Status(Code::kUnavailable,
-                  fmt::format("cannot read '{}': {}", path.string(), errno_text(err)));
+    case os::Fail::kIsDirectory:
+    case os::Fail::kNotRegular:
+      return data_loss(
+          fmt::format("'{}' is {}, not a file; move it away", path.string(), read.text));
+    case os::Fail::kTooLarge:
+      return data_loss(
+          fmt::format("'{}' holds {} bytes or more, more than the {} bytes a ddo "
+                      "file may hold",
+                      path.string(), read.size, max_bytes));
+    case os::Fail::kExists:
+    case os::Fail::kOther:
+      break;
   }
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status(Code::kUnavailable,
-                  fmt::format("cannot read '{}': {}", path.string(), errno_text(err)));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return data_loss(fmt::format("'{}' is {}, not a file; move it away", path.string(),
-                                 file_kind(info.st_mode)));
-  }
-  if (static_cast<std::uintmax_t>(info.st_size) > max_bytes) {
-    ::close(fd);
-    return data_loss(fmt::format("'{}' is {} bytes, more than the {} bytes a ddo file may hold",
-                                 path.string(), static_cast<std::uintmax_t>(info.st_size),
-                                 max_bytes));
-  }
-  content->clear();
-  char buffer[1 << 14];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return Status(Code::kUnavailable,
-                    fmt::format("cannot read '{}': {}", path.string(), errno_text(err)));
-    }
-    content->append(buffer, static_cast<std::size_t>(n));
-    // The file may grow between fstat and read; the bound holds for what is read.
-    if (content->size() > max_bytes) {
-      ::close(fd);
-      return data_loss(fmt::format("'{}' has more than the {} bytes a ddo file may hold",
-                                   path.string(), max_bytes));
-    }
-  }
-  ::close(fd);
-  return Status::ok_status();
+  return Status(Code::kUnavailable, fmt::format("cannot read '{}': {}", path.string(), read.text));
 }
 
 // Note [Bounded JSON]
@@ -569,29 +472,27 @@ Status parse_json_bounded(std::string_view text, json* out) {
 
 Status keep_invalid_file(const fs::path& path, fs::path* kept) {
   // Backups are created only under the file's lock, so names are not contended among ddo
-  // writers; link() refusing an existing name keeps any other file safe too.
+  // writers; a hard link refusing an existing name keeps any other file safe too.
   constexpr int kMaxBackups = 1000;
   for (int n = 1; n <= kMaxBackups; ++n) {
     fs::path backup = path;
     backup += n == 1 ? std::string(".invalid") : fmt::format(".invalid-{}", n);
-    if (::link(path.c_str(), backup.c_str()) == 0) {
-      *kept = std::move(backup);
-      return Status::ok_status();
+    os::Result linked = os::hard_link(path, backup);
+    if (linked.fail == os::Fail::kExists) continue;
+    if (!linked.ok()) {
+      // No hard links on this file system (some FUSE and FAT mounts): move the file aside
+      // instead. It was unusable, so its brief absence reads as "no profile", as before.
+      linked = os::move_aside(path, backup);
+      if (linked.fail == os::Fail::kExists) continue;
     }
-    const int err = errno;
-    if (err == EEXIST) continue;
-    // No hard links on this file system (EPERM on some FUSE and FAT mounts): move the file
-    // aside instead. It was unusable, so its brief absence reads as "no profile", as before.
-    std::error_code ec;
-    if (fs::exists(backup, ec)) continue;
-    if (::rename(path.c_str(), backup.c_str()) == 0) {
-      *kept = std::move(backup);
-      return Status::ok_status();
+    if (!linked.ok()) {
+      return unavailable_dir(
+          path.parent_path(),
+          fmt::format("cannot keep a backup of the unreadable '{}' as '{}': {}",
+                      path.filename().string(), backup.filename().string(), linked.text));
     }
-    return unavailable_dir(
-        path.parent_path(),
-        fmt::format("cannot keep a backup of the unreadable '{}' as '{}': {}",
-                    path.filename().string(), backup.filename().string(), errno_text(errno)));
+    *kept = std::move(backup);
+    return Status::ok_status();
   }
   return Status(Code::kFailedPrecondition,
                 fmt::format("'{}' is unreadable and already has {} backups beside it "
@@ -603,17 +504,17 @@ Status keep_invalid_file(const fs::path& path, fs::path* kept) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // write_file_atomic names its temporary ".<file>.tmp-<pid>-<n>"; a writer killed between creating
 // it and the rename leaves it behind (about half of 50 kill -9 in a loop did). The next update in
-// the directory deletes such files when their owner is certainly gone: kill(pid, 0) says no such
-// process (a live process, or one we may not signal, is never touched) AND the file is older than
-// a minute. The age guard covers writers that share the directory from another PID namespace (a
-// container) or another host (a network file system), whose pids mean nothing here: a save
-// takes milliseconds, so a minute-old temporary file has no writer left. Only names of ddo's
-// own files are considered.
+// the directory deletes such files when their owner is certainly gone: the system says there is
+// no such process (os::process_is_gone: a live process, or one we may not ask about, is never
+// touched) AND the file is older than a minute. The age guard covers writers that share the
+// directory from another PID namespace (a container) or another host (a network file system),
+// whose pids mean nothing here: a save takes milliseconds, so a minute-old temporary file has no
+// writer left. Only names of ddo's own files are considered.
 int remove_stale_temp_files(const fs::path& directory) {
-  constexpr std::time_t kMinAgeSeconds = 60;
+  constexpr auto kMinAge = std::chrono::seconds(60);
   int removed = 0;
   std::error_code ec;
-  const std::time_t now = std::time(nullptr);
+  const fs::file_time_type now = fs::file_time_type::clock::now();
   for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     // Also the names of ddo 0.1.0 before the seed library's files (Note [The seed library's
@@ -632,13 +533,14 @@ int remove_stale_temp_files(const fs::path& directory) {
     const std::string_view counter = rest.substr(dash + 1);
     if (!std::all_of(counter.begin(), counter.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
-    if (pid > std::numeric_limits<pid_t>::max()) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or unknown
-    // lstat: a link or directory that merely carries such a name is never followed or removed.
-    struct stat info {};
-    if (::lstat(it->path().c_str(), &info) != 0 || !S_ISREG(info.st_mode)) continue;
-    if (now - info.st_mtime < kMinAgeSeconds) continue;
-    if (::unlink(it->path().c_str()) == 0) ++removed;
+    if (!os::process_is_gone(pid)) continue;  // alive, or unknown
+    // symlink_status: a link or directory that merely carries such a name is never followed or
+    // removed.
+    std::error_code file_ec;
+    if (!fs::is_regular_file(fs::symlink_status(it->path(), file_ec))) continue;
+    const fs::file_time_type written = fs::last_write_time(it->path(), file_ec);
+    if (file_ec || now - written < kMinAge) continue;
+    if (fs::remove(it->path(), file_ec)) ++removed;
   }
   return removed;
 }
@@ -659,43 +561,18 @@ FileLock::~FileLock() {
 
 void FileLock::release() {
   if (fd_ >= 0) {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
+    os::unlock_file(fd_);
     fd_ = -1;
   }
 }
 
 Status FileLock::acquire(const fs::path& lock_path, FileLock* out) {
-  const fs::path directory = lock_path.parent_path();
-  for (;;) {
-    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      return unavailable_dir(
-          directory, fmt::format("cannot open lock file '{}': {}", lock_path.filename().string(),
-                                 errno_text(errno)));
-    }
-    int rc = 0;
-    while ((rc = ::flock(fd, LOCK_EX)) != 0 && errno == EINTR) {
-    }
-    if (rc != 0) {
-      const int err = errno;
-      ::close(fd);
-      return unavailable_dir(
-          directory,
-          fmt::format("cannot lock '{}': {}", lock_path.filename().string(), errno_text(err)));
-    }
-    // If a remover unlinked the lock file between our open and flock, we hold a lock nobody
-    // else can see; retry on the current file.
-    struct stat held {};
-    struct stat current {};
-    if (::fstat(fd, &held) == 0 && ::stat(lock_path.c_str(), &current) == 0 &&
-        held.st_ino == current.st_ino && held.st_dev == current.st_dev) {
-      out->release();
-      out->fd_ = fd;
-      return Status::ok_status();
-    }
-    ::close(fd);
-  }
+  int fd = -1;
+  const os::Result locked = os::lock_file(lock_path, &fd);
+  if (!locked.ok()) return unavailable_dir(lock_path.parent_path(), locked.text);
+  out->release();
+  out->fd_ = fd;
+  return Status::ok_status();
 }
 
 fs::path lock_path_for(const fs::path& target) {
@@ -1235,13 +1112,10 @@ Status ProfileStore::check_writable(const ProfileIdentity& identity) const {
   static std::atomic<unsigned> counter{0};
   const fs::path probe =
       options_.directory / fmt::format(".{}writable-check.tmp-{}-{}", kProfileFilePrefix,
-                                       static_cast<long>(::getpid()), counter.fetch_add(1));
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return unavailable_dir(options_.directory, "cannot create a file: " + errno_text(errno));
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
+                                       os::current_process_id(), counter.fetch_add(1));
+  const os::Result created = os::write_new_file(probe, {});
+  if (!created.ok()) return unavailable_dir(options_.directory, created.text);
+  fs::remove(probe, ec);
   return Status::ok_status();
 }
 
@@ -1319,7 +1193,10 @@ Status ProfileStore::remove_path(const fs::path& path, std::string_view what) {
     return unavailable_dir(options_.directory, fmt::format("cannot delete '{}': {}",
                                                            path.filename().string(), ec.message()));
   }
-  // Unlinked while held: a writer that opened the old lock file re-checks and retries.
+  // POSIX: unlinked while held; a writer that opened the old lock file re-checks and retries.
+  // Windows: a lock file open anywhere cannot be deleted, so it is released first and the delete
+  // succeeds only when no other process has it open (Note [File semantics per platform]).
+  if (!os::kLockFileDeletableWhileHeld) lock.release();
   fs::remove(lock_path_for(path), ec);
   return Status::ok_status();
 }

@@ -7,7 +7,11 @@
 #include <type_traits>
 #include <variant>
 
+#ifdef _WIN32
+#include <stdlib.h>  // environ (the C runtime's narrow copy of the environment)
+#else
 #include <unistd.h>  // environ
+#endif
 
 #include "config_fields.h"
 #include "ddo/core/presets.h"

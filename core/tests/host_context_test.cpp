@@ -1,7 +1,6 @@
 #include "ddo/core/host_context.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
+#include <unistd.h>  // getpid
 
 #include <cmath>
 #include <fstream>
@@ -11,9 +10,13 @@
 
 #include <gtest/gtest.h>
 
+#include "child_process.h"
+
 namespace ddo::core {
 namespace {
 namespace fs = std::filesystem;
+using ddo::testing::ChildProcess;
+using ddo::testing::start_child;
 using nlohmann::json;
 
 class HostContextTest : public ::testing::Test {
@@ -272,28 +275,29 @@ TEST_F(HostContextTest, SessionRejectsInvalidContexts) {
   }
 }
 
+// A child process of the test below (child_process.h): args are the directory, the execution
+// and capacity contexts as JSON, and the child's index.
+DDO_TEST_CHILD(record_one_success) {
+  HostContextStoreOptions options;
+  options.directory = args.at(0);
+  options.warn = [](const std::string&) {};
+  DynamicOffloadProfileSession session(HostContextStore(std::move(options)),
+                                       json::parse(args.at(1)), json::parse(args.at(2)));
+  const int i = std::stoi(args.at(3));
+  json o = {{"status", "success"}, {"capacity", {{"metric", "tokens"}, {"value", i}}}};
+  o["peak_vram_gb"] = 100.0 + i;
+  return session.record_success(o).ok() ? 0 : 1;
+}
+
 TEST_F(HostContextTest, ConcurrentSessionsFromSeveralProcessesKeepEveryRecord) {
   constexpr int kChildren = 8;
-  std::vector<pid_t> children;
+  std::vector<ChildProcess> children;
   for (int i = 0; i < kChildren; ++i) {
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      HostContextStoreOptions options;
-      options.directory = dir_;
-      options.warn = [](const std::string&) {};
-      DynamicOffloadProfileSession session(HostContextStore(std::move(options)), exec_, capacity_);
-      json o = obs(i, true);
-      o["peak_vram_gb"] = 100.0 + i;
-      ::_exit(session.record_success(o).ok() ? 0 : 1);
-    }
-    children.push_back(child);
+    children.push_back(start_child(
+        "record_one_success", {dir_.string(), exec_.dump(), capacity_.dump(), std::to_string(i)}));
+    ASSERT_GT(children.back().pid(), 0);
   }
-  for (pid_t child : children) {
-    int wstatus = 0;
-    ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
-    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
-  }
+  for (ChildProcess& child : children) EXPECT_EQ(child.wait(), 0);
   HostContextStore s = store();
   std::optional<ContextRecord> record = s.load(exec_);
   ASSERT_TRUE(record.has_value());

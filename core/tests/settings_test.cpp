@@ -502,9 +502,15 @@ TEST(Settings, TextThatIsNotUtf8IsAnErrorThatCanBePrinted) {
 }
 
 TEST(Settings, ProcessEnvSeesTheEnvironment) {
+#ifdef _WIN32
+  _putenv_s("DDO_SETTINGS_TEST_MARKER", "a=b");
+  const EnvMap env = process_env();
+  _putenv_s("DDO_SETTINGS_TEST_MARKER", "");  // "" removes it
+#else
   ::setenv("DDO_SETTINGS_TEST_MARKER", "a=b", 1);
   const EnvMap env = process_env();
   ::unsetenv("DDO_SETTINGS_TEST_MARKER");
+#endif
   ASSERT_EQ(env.count("DDO_SETTINGS_TEST_MARKER"), 1u);
   EXPECT_EQ(env.at("DDO_SETTINGS_TEST_MARKER"), "a=b");
 }

@@ -85,7 +85,7 @@ inline constexpr std::string_view kKindSdnqProbe = "sdnq_probe";
 // Durable-file helpers (shared with host_context.h).
 // ---------------------------------------------------------------------------------------------
 
-/// Lower-case hex SHA-256 of `data` (OpenSSL EVP).
+/// Lower-case hex SHA-256 of `data` (OpenSSL on Linux, CNG on Windows: the same digest).
 std::string sha256_hex(std::string_view data);
 
 /// Compact JSON with object keys sorted, byte for byte as Python's
@@ -104,8 +104,9 @@ std::string capacity_key(const nlohmann::json& normalized);
 std::string utc_now_iso8601();
 
 /// The profile directory: DDO_PROFILE_DIR when set and non-empty, else `<home>/.ddo/profiles` where
-/// home is HOME (USERPROFILE on Windows, and as a fallback when HOME is unset). Throws ddo::Error
-/// (kFailedPrecondition) when neither is set. `env` is the process environment as a map.
+/// home is HOME, else USERPROFILE; on Windows USERPROFILE, else HOME, else the system's profile
+/// folder (SHGetKnownFolderPath). Throws ddo::Error (kFailedPrecondition) when there is none.
+/// `env` is the process environment as a map.
 /// A leading "~" in DDO_PROFILE_DIR is the home folder (the seed library expands it too).
 std::filesystem::path resolve_profile_dir(const std::map<std::string, std::string>& env);
 
@@ -155,9 +156,10 @@ Status keep_invalid_file(const std::filesystem::path& path, std::filesystem::pat
 /// deleted; errors are ignored (a leftover costs disk space, never correctness).
 int remove_stale_temp_files(const std::filesystem::path& directory);
 
-/// An exclusive advisory lock (flock) on a lock file, held until destruction. Blocks until the
-/// lock is free. Re-checks after locking that the lock file was not deleted and recreated
-/// meanwhile, so a `remove` that unlinks the lock file cannot split writers across two inodes.
+/// An exclusive lock on a lock file (flock on POSIX, LockFileEx on Windows), held until
+/// destruction. Blocks until the lock is free. On POSIX it re-checks after locking that the lock
+/// file was not deleted and recreated meanwhile, so a `remove` that unlinks the lock file cannot
+/// split writers across two inodes; Windows cannot delete a lock file that is open.
 class FileLock {
  public:
   FileLock() = default;
