@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <regex>
@@ -109,7 +110,7 @@ constexpr Field gib(const char* name, double C::*ref, const char* env) {
 }
 
 constexpr auto kFields = std::to_array<Field>({
-    {.name = "execution_device", .ref = &C::execution_device},
+    {.name = "execution_device", .ref = &C::execution_device, .check = Check::kDeviceIndex},
     {.name = "offload_device", .ref = &C::offload_device},
     {.name = "skip_modules_pattern", .ref = &C::skip_modules_pattern, .check = Check::kPatterns},
     {.name = "always_resident_modules_pattern",
@@ -518,6 +519,8 @@ Status check_field(const DynamicOffloadConfig& config, const Field& field,
                                       "\" is not a safetensors backend; use mmap, pread, or \"\" "
                                       "(ddo's choice)"));
     }
+    case Check::kDeviceIndex:
+      return check_device_index(source, config.*std::get<std::string C::*>(field.ref));
     case Check::kPatterns:
     case Check::kPatternsOrAuto: {
       const auto& patterns = config.*std::get<std::vector<std::string> C::*>(field.ref);
@@ -843,6 +846,27 @@ Status validate_config(const DynamicOffloadConfig& config) {
 Status check_module_pattern(std::string_view source, std::size_t index,
                             const std::string& pattern) {
   return fields::check_module_pattern(source, index, pattern);
+}
+
+// Issue 18: the adapter read the index with std::stoi, so "sim:99999999999" surfaced as
+// std::out_of_range("stoi"), naming neither the value nor where it came from.
+Status check_device_index(std::string_view source, std::string_view device) {
+  const std::size_t colon = device.find(':');
+  if (colon == std::string_view::npos) return Status::ok_status();
+  const std::string_view kind = device.substr(0, colon);
+  if (kind != "cuda" && kind != "sim") return Status::ok_status();
+  const std::string_view index = device.substr(colon + 1);
+  int n = 0;
+  const bool digits = !index.empty() && std::all_of(index.begin(), index.end(),
+                                                    [](char c) { return c >= '0' && c <= '9'; });
+  const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), n);
+  if (digits && ec == std::errc() && end == index.data() + index.size() && n <= kMaxDeviceIndex) {
+    return Status::ok_status();
+  }
+  return Status(Code::kInvalidArgument,
+                internal::str_cat(source, " '", device, "': the index '", index,
+                                  "' is not a number from 0 to ", kMaxDeviceIndex, "; write e.g. ",
+                                  kind, ":0"));
 }
 
 }  // namespace ddo::core

@@ -36,6 +36,7 @@ enum class Check {
   kSafetensorsBackend,  // "", mmap or pread (read from the environment lower-cased)
   kPatterns,            // each item a bounded, compilable ECMAScript regex
   kPatternsOrAuto,      // the same, and the tokens auto / auto_all
+  kDeviceIndex,         // "cuda:N" / "sim:N" with N in [0, kMaxDeviceIndex] (check_device_index)
 };
 
 struct Field {

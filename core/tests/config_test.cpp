@@ -323,6 +323,34 @@ TEST(ConfigOverrides, RangeErrorsNameTheOverrideKeyAndClampsWarn) {
                           "override pin_weight_budget_ratio=-3 is outside [0, 1]; clamped to 0"});
 }
 
+// Issue 18: `--device sim:99999999999` (and execution_device="sim:99999999999" from Python) said
+// only "stoi": the adapter read the index with std::stoi. Every entry point now passes core's
+// check, which names the source, the text and the range.
+TEST(ConfigValidate, DeviceIndexIsCheckedNamingTheSourceAndTheRange) {
+  for (const char* good : {"cuda", "cuda:0", "cuda:1023", "sim", "sim:00", "sim:7", "cpu"}) {
+    EXPECT_TRUE(check_device_index("--device", good).ok()) << good;
+  }
+  for (const char* bad : {"sim:99999999999", "sim:1024", "cuda:-1", "cuda:", "sim:1x", "sim:+1",
+                          "cuda: 1", "sim:0x10"}) {
+    const Status s = check_device_index("--device", bad);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find(std::string("--device '") + bad + "'"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("from 0 to 1023"), std::string::npos) << s.message();
+  }
+  DynamicOffloadConfig c;
+  c.execution_device = "sim:99999999999";
+  EXPECT_NE(validate_config(c).message().find(
+                "config field execution_device 'sim:99999999999': the index '99999999999'"),
+            std::string::npos)
+      << validate_config(c).message();
+  c = {};
+  const Status s = apply_overrides(&c, {{"execution_device", "cuda:4294967296"}});
+  EXPECT_NE(s.message().find("override execution_device 'cuda:4294967296'"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(c.execution_device, "cuda:0");  // unchanged
+}
+
 // Issue 18: about 20,000 nested parentheses overflowed the stack inside std::regex and killed the
 // process. Each of these crashes without the limits (Note [Pattern limits]).
 TEST(ConfigPatterns, DeepOrLongPatternsAreErrorsNotCrashes) {

@@ -196,8 +196,9 @@ Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& objec
 /// config.cpp): each number finite and in its range (memory figures up to 64 TiB, so every
 /// conversion to bytes fits; pin_cpu_workers in [1, 1024]; sim_copy_gbps 0 or in [0.1, 10000];
 /// pin_weight_budget_ratio any number but NaN, as it is clamped where used), a known safetensors
-/// backend, and module patterns within the pattern limits that compile as ECMAScript regexes.
-/// Messages start with "config field <name>" and say what to write.
+/// backend, module patterns within the pattern limits that compile as ECMAScript regexes, and an
+/// execution_device index in range (check_device_index). Messages start with
+/// "config field <name>" and say what to write.
 Status validate_config(const DynamicOffloadConfig& config);
 
 /// The check every module pattern (skip, always-resident, resident, the inferred block patterns)
@@ -211,5 +212,21 @@ Status validate_config(const DynamicOffloadConfig& config);
 /// ..."
 /// ```
 Status check_module_pattern(std::string_view source, std::size_t index, const std::string& pattern);
+
+/// The largest device index ddo accepts in "cuda:N" and "sim:N": far above any machine, small
+/// enough for an int in every layer.
+inline constexpr int kMaxDeviceIndex = 1023;
+
+/// The check of a device name's index, done once for every entry point (validate_config for
+/// execution_device, the `ddo demo --device` option): in "cuda:N" and "sim:N", N must be decimal
+/// digits worth 0 to kMaxDeviceIndex. Other names ("cpu", "cuda", "sim") pass; the layer that
+/// opens the device judges them. The message names `source`, the text and the range.
+///
+/// ```
+/// check_device_index("--device", "sim:99999999999").message();
+/// // "--device 'sim:99999999999': the index '99999999999' is not a number from 0 to 1023;
+/// //  write e.g. sim:0"
+/// ```
+Status check_device_index(std::string_view source, std::string_view device);
 
 }  // namespace ddo::core
