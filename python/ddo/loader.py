@@ -201,6 +201,20 @@ def from_pretrained_with_dynamic_offload(
     if subfolder:
         path = os.path.join(path, subfolder)
 
+    def attach(module: nn.Module, load: Optional[dict[str, Any]] = None) -> OffloadResult:
+        return _enable(
+            module,
+            preset=preset if dynamic_offload_config is None else None,
+            profile_name=profile_name,
+            build_profile=build_profile,
+            settings=None,
+            config=dynamic_offload_config,
+            execution_device=execution_device,
+            record_event=record_event,
+            overrides={},
+            load=load,
+        )
+
     module: Optional[nn.Module] = None
     if loader != "library" and not (loader == "auto" and load_kwargs):
         if loader == "ddo" and load_kwargs:
@@ -222,10 +236,8 @@ def from_pretrained_with_dynamic_offload(
                 "loader='library'"
             )
     if module is None:
-        return _load_with_library(
-            path, model_loader, dtype, apply_dynamic, profile_name, build_profile,
-            dynamic_offload_config, preset, execution_device, record_event, load_kwargs,
-        )
+        module = _load_with_library(path, model_loader, dtype, load_kwargs)
+        return LoadedModel(module, attach(module) if apply_dynamic else None)
 
     target = dtype if dtype is not None else _default_dtype(model_loader, path)
     if target is not None:
@@ -238,19 +250,7 @@ def from_pretrained_with_dynamic_offload(
         "allow_unexpected_keys": allow_unexpected_keys,
     }
     if apply_dynamic:
-        offload = _enable(
-            module,
-            preset=preset if dynamic_offload_config is None else None,
-            profile_name=profile_name,
-            build_profile=build_profile,
-            settings=None,
-            config=dynamic_offload_config,
-            execution_device=execution_device,
-            record_event=record_event,
-            overrides={},
-            load=load,
-        )
-        return LoadedModel(module, offload)
+        return LoadedModel(module, attach(module, load))
     model_class = model_class_name(module)
     entries, _, _ = _gather(module)
     progress = SetupProgress(model_class, record_event)
@@ -265,18 +265,9 @@ def from_pretrained_with_dynamic_offload(
 
 
 def _load_with_library(
-    path: str,
-    model_loader: Any,
-    dtype: Any,
-    apply_dynamic: bool,
-    profile_name: Optional[str],
-    build_profile: bool,
-    dynamic_offload_config: Any,
-    preset: Optional[str],
-    execution_device: Optional[str],
-    record_event: Optional[RecordEvent],
-    load_kwargs: dict[str, Any],
-) -> LoadedModel:
+    path: str, model_loader: Any, dtype: Any, load_kwargs: dict[str, Any]
+) -> nn.Module:
+    """The module as the library's own loader gives it (two copies on the way)."""
     loader_fn: Callable[..., nn.Module]
     if hasattr(model_loader, "from_pretrained"):
         kwargs = dict(load_kwargs)
@@ -293,17 +284,4 @@ def _load_with_library(
     if not isinstance(module, nn.Module):
         raise TypeError(f"model_loader returned {type(module).__name__}, not an nn.Module")
     module.eval()
-    offload = None
-    if apply_dynamic:
-        offload = _enable(
-            module,
-            preset=preset if dynamic_offload_config is None else None,
-            profile_name=profile_name,
-            build_profile=build_profile,
-            settings=None,
-            config=dynamic_offload_config,
-            execution_device=execution_device,
-            record_event=record_event,
-            overrides={},
-        )
-    return LoadedModel(module, offload)
+    return module

@@ -24,21 +24,14 @@
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
 #include "test_util.h"
+#include "tiny_net.h"
 
 namespace ddo::adapter {
 namespace {
 
 using test::TempDir;
 
-struct Model {
-  torch::nn::Sequential net{torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),
-                            torch::nn::Linear(64, 32)};
-  at::Tensor input = at::randn({4, 64});
-  at::Tensor run() {
-    torch::NoGradGuard no_grad;
-    return net->forward(input).clone();
-  }
-};
+using Model = test::TinyLinearNet;
 
 // Writes `tensors` (name -> fp32 CPU tensor) as one safetensors file.
 void write_safetensors(const std::string& path,

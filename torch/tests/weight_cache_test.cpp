@@ -20,21 +20,14 @@
 #include "ddo/engine/sim_faults.h"
 #include "ddo/torch/enable_offload.h"
 #include "test_util.h"
+#include "tiny_net.h"
 
 namespace ddo::adapter {
 namespace {
 
 using test::TempDir;
 
-struct Model {
-  torch::nn::Sequential net{torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),
-                            torch::nn::Linear(64, 32)};
-  at::Tensor input = at::randn({4, 64});
-  at::Tensor run() {
-    torch::NoGradGuard no_grad;
-    return net->forward(input).clone();
-  }
-};
+using Model = test::TinyLinearNet;
 
 // Every attach gets its own sim device, as enable_offload opens one per attach, all counting
 // their pin calls in `faults`.
