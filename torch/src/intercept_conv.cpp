@@ -1,9 +1,15 @@
 // Interception of aten::convolution: every stock Conv1d/2d/3d (C++ and Python, any padding
 // mode) reaches it through conv{1,2,3}d. The original is the CompositeExplicitAutograd kernel,
 // which dispatches to the backend's _convolution with the staged weight.
+//
+// And of aten::_convolution, which a model traced with torch.jit.trace calls directly (the
+// tracer records Conv2d's call as _convolution; see Note [TorchScript modules] in
+// jit_module.cpp). A call that came through aten::convolution above arrives here with the staged
+// weight, which is not managed, and goes straight to the original.
 #include "intercept_common.h"
 #include "kernels.h"
 
+#include <ATen/ops/_convolution_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/convolution_compositeexplicitautograd_dispatch.h>
 
 namespace ddo::adapter::internal::kernels {
@@ -24,6 +30,22 @@ at::Tensor convolution_staged(engine::DeviceKind kind, const at::Tensor& input,
                                                     transposed, output_padding, groups);
 }
 
+at::Tensor underscore_convolution_staged(
+    engine::DeviceKind kind, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups,
+    bool benchmark, bool deterministic, bool cudnn_enabled, bool allow_tf32) {
+  if (C10_LIKELY(!any_managed(input, weight) && !any_managed_opt(bias))) {
+    return at::compositeexplicitautograd::_convolution(
+        input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
+        benchmark, deterministic, cudnn_enabled, allow_tf32);
+  }
+  StageScope scope(kind, "_convolution");
+  return at::compositeexplicitautograd::_convolution(
+      scope.stage(input), scope.stage(weight), scope.stage(bias), stride, padding, dilation,
+      transposed, output_padding, groups, benchmark, deterministic, cudnn_enabled, allow_tf32);
+}
+
 }  // namespace
 
 at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
@@ -34,6 +56,17 @@ at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
                             dilation, transposed, output_padding, groups);
 }
 
+at::Tensor underscore_convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                      at::IntArrayRef padding, at::IntArrayRef dilation,
+                                      bool transposed, at::IntArrayRef output_padding,
+                                      int64_t groups, bool benchmark, bool deterministic,
+                                      bool cudnn_enabled, bool allow_tf32) {
+  return underscore_convolution_staged(engine::DeviceKind::kSim, input, weight, bias, stride,
+                                       padding, dilation, transposed, output_padding, groups,
+                                       benchmark, deterministic, cudnn_enabled, allow_tf32);
+}
+
 #ifdef DDO_HAVE_CUDA
 at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
@@ -41,6 +74,18 @@ at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
                             at::IntArrayRef output_padding, int64_t groups) {
   return convolution_staged(engine::DeviceKind::kCuda, input, weight, bias, stride, padding,
                             dilation, transposed, output_padding, groups);
+}
+
+at::Tensor underscore_convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias,
+                                       at::IntArrayRef stride, at::IntArrayRef padding,
+                                       at::IntArrayRef dilation, bool transposed,
+                                       at::IntArrayRef output_padding, int64_t groups,
+                                       bool benchmark, bool deterministic, bool cudnn_enabled,
+                                       bool allow_tf32) {
+  return underscore_convolution_staged(engine::DeviceKind::kCuda, input, weight, bias, stride,
+                                       padding, dilation, transposed, output_padding, groups,
+                                       benchmark, deterministic, cudnn_enabled, allow_tf32);
 }
 #endif
 

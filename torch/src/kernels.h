@@ -25,6 +25,13 @@ at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                            at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                            at::IntArrayRef output_padding, int64_t groups);
+// aten::_convolution, which traced TorchScript models call directly.
+at::Tensor underscore_convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                      at::IntArrayRef padding, at::IntArrayRef dilation,
+                                      bool transposed, at::IntArrayRef output_padding,
+                                      int64_t groups, bool benchmark, bool deterministic,
+                                      bool cudnn_enabled, bool allow_tf32);
 
 // intercept_embedding.cpp
 at::Tensor embedding_cpu(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
@@ -50,6 +57,13 @@ at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                             at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                             at::IntArrayRef output_padding, int64_t groups);
+at::Tensor underscore_convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias,
+                                       at::IntArrayRef stride, at::IntArrayRef padding,
+                                       at::IntArrayRef dilation, bool transposed,
+                                       at::IntArrayRef output_padding, int64_t groups,
+                                       bool benchmark, bool deterministic, bool cudnn_enabled,
+                                       bool allow_tf32);
 at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
                           bool scale_grad_by_freq, bool sparse);
 at::Tensor sdnq_linear_cuda(const at::Tensor& input, const at::Tensor& weight,

@@ -170,6 +170,7 @@ Libraries* register_kernels() {
   libs->cpu->impl("mm", TORCH_FN(kernels::mm_cpu));
   libs->cpu->impl("bmm", TORCH_FN(kernels::bmm_cpu));
   libs->cpu->impl("convolution", TORCH_FN(kernels::convolution_cpu));
+  libs->cpu->impl("_convolution", TORCH_FN(kernels::underscore_convolution_cpu));
   libs->cpu->impl("embedding", TORCH_FN(kernels::embedding_cpu));
   libs->ddo_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo",
                                                    c10::DispatchKey::CPU, __FILE__, __LINE__);
@@ -183,6 +184,7 @@ Libraries* register_kernels() {
   libs->cuda->impl("mm", TORCH_FN(kernels::mm_cuda));
   libs->cuda->impl("bmm", TORCH_FN(kernels::bmm_cuda));
   libs->cuda->impl("convolution", TORCH_FN(kernels::convolution_cuda));
+  libs->cuda->impl("_convolution", TORCH_FN(kernels::underscore_convolution_cuda));
   libs->cuda->impl("embedding", TORCH_FN(kernels::embedding_cuda));
   libs->ddo_cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo",
                                                     c10::DispatchKey::CUDA, __FILE__, __LINE__);

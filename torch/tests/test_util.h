@@ -174,7 +174,8 @@ class ManagedReadGuard {
   static std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     static const std::set<std::string> allowed = {
         // intercepted
-        "aten::addmm", "aten::mm", "aten::bmm", "aten::convolution", "aten::embedding",
+        "aten::addmm", "aten::mm", "aten::bmm", "aten::convolution", "aten::_convolution",
+        "aten::embedding",
         // composites that forward to them
         "aten::linear", "aten::matmul", "aten::conv1d", "aten::conv2d", "aten::conv3d",
         "aten::_convolution_mode",

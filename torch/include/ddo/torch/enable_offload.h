@@ -45,6 +45,10 @@ namespace torch::nn {
 class Module;
 }  // namespace torch::nn
 
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
+
 namespace ddo::engine {
 class Device;
 }  // namespace ddo::engine
@@ -147,6 +151,12 @@ std::unique_ptr<Offload> enable_offload(torch::nn::Module& model,
                                         const OffloadOptions& options = {});
 /// The same for a module held by shared_ptr (what a TORCH_MODULE holder gives with .ptr()).
 std::unique_ptr<Offload> enable_offload(const std::shared_ptr<torch::nn::Module>& model,
+                                        const OffloadOptions& options = {});
+/// The same for a TorchScript module (`torch::jit::load`, or one scripted or traced in C++): its
+/// parameters and buffers are found by name (module_tree.h), its Linear/Conv/Embedding weights are
+/// served by the same interception when the interpreter runs it, and the root's qualified type
+/// name ("__torch__.diffusers.models...FluxTransformer2DModel") is the profile's class identity.
+std::unique_ptr<Offload> enable_offload(const torch::jit::Module& model,
                                         const OffloadOptions& options = {});
 /// The same over a prepared module tree (the Python glue builds one from nn.Module).
 std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions& options);

@@ -2,12 +2,13 @@
 /// Interception: how ddo diverts weight ops to staged copies (public queries and test hooks).
 ///
 /// While at least one offload is active, ddo has kernels registered for aten::addmm, aten::mm,
-/// aten::bmm, aten::convolution and aten::embedding on the CPU key (execution on the "sim"
-/// device) and, in CUDA builds, on the CUDA key. A kernel whose arguments are not managed calls
-/// the original kernel directly; a managed weight (a CPU tensor whose storage is a ddo host slab)
-/// is staged on the execution device first. The registrations are made by the first
-/// enable_offload and removed with the last offload, so a process without an active offload runs
-/// stock LibTorch. See docs/design/0001-interception.md.
+/// aten::bmm, aten::convolution, aten::_convolution (what traced TorchScript models call) and
+/// aten::embedding on the CPU key (execution on the "sim" device) and, in CUDA builds, on the
+/// CUDA key. A kernel whose arguments are not managed calls the original kernel directly; a
+/// managed weight (a CPU tensor whose storage is a ddo host slab) is staged on the execution
+/// device first. The registrations are made by the first enable_offload and removed with the last
+/// offload, so a process without an active offload runs stock LibTorch. See
+/// docs/design/0001-interception.md.
 ///
 /// ```
 /// auto offload = ddo::adapter::enable_offload(model, opts);

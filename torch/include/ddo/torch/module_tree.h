@@ -9,7 +9,10 @@
 ///
 /// For LibTorch models the tree comes from `torch::nn::Module::named_modules()`, with the kind
 /// detected from the stock module types. The Python glue builds the same structure from
-/// `nn.Module.named_modules()` and passes kinds it detected itself.
+/// `nn.Module.named_modules()` and passes kinds it detected itself. A TorchScript module
+/// (`torch::jit::load` of a traced or scripted model) gives the same tree from its own
+/// `named_modules()`, with the kind read from the qualified type name (see Note [TorchScript
+/// modules] in jit_module.cpp).
 ///
 /// ```
 /// torch::nn::Sequential net(torch::nn::Linear(64, 64), torch::nn::ReLU());
@@ -17,6 +20,12 @@
 /// // tree.entries[1].name == "0"; tree.entries[1].kind == ModuleKind::kLinear
 /// // tree.entries[1].tensors[0].name == "weight"
 /// ddo::core::ModelInventory inv = ddo::adapter::to_inventory(tree, c10::Device("cuda:0"));
+///
+/// torch::jit::Module traced = torch::jit::load("flux.pt");
+/// ddo::adapter::ModuleTree jit_tree = ddo::adapter::module_tree_from(traced);
+/// // jit_tree.model_class ==
+/// //   "__torch__.diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"
+/// // jit_tree.entries[i].class_name == "__torch__.torch.nn.modules.linear.Linear" for a Linear
 /// ```
 #pragma once
 
@@ -31,6 +40,10 @@
 namespace torch::nn {
 class Module;
 }  // namespace torch::nn
+
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
 
 namespace ddo::adapter {
 
@@ -64,6 +77,17 @@ ModuleTree module_tree_from(torch::nn::Module& model);
 
 /// The demangled, fully qualified C++ class of a module ("ddo::adapter::testing::FluxDiTImpl").
 std::string module_class_name(const torch::nn::Module& module);
+
+/// Walks a TorchScript module: named_modules() order, direct parameters and buffers (attributes
+/// that are neither are left out, as the Python glue leaves out plain tensor attributes), kinds
+/// from the qualified type names of torch.nn's Linear, Conv1d/2d/3d and Embedding. The handles
+/// share the module's slots, so re-pointing them changes what the interpreter reads.
+ModuleTree module_tree_from(const torch::jit::Module& model);
+
+/// The qualified type name of a TorchScript module without the mangling TorchScript adds when
+/// one class is compiled or traced twice ("__torch__.torch.nn.modules.linear.___torch_mangle_7.
+/// Linear" becomes "__torch__.torch.nn.modules.linear.Linear"), so profile identities stay stable.
+std::string module_class_name(const torch::jit::Module& module);
 
 /// The planner's view of the tree. `execution_device` marks tensors already there (on_device);
 /// pinned CPU tensors are reported as already pinned (a loader's pins are kept).
