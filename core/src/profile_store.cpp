@@ -3,14 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
-#include <limits>
 #include <system_error>
 #include <tuple>
 #include <utility>
