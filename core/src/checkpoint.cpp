@@ -18,11 +18,7 @@
 #include "ddo/core/profile_store.h"  // json_nesting_depth: one depth rule for every JSON ddo reads
 
 #ifdef _WIN32
-#define WIN32_LEAN_AND_MEAN
-#ifndef NOMINMAX  // MinGW's libstdc++ defines it
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "win32.h"
 #else
 #include <fcntl.h>
 #include <sys/stat.h>

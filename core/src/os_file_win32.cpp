@@ -3,11 +3,7 @@
 #ifdef _WIN32
 #include "os_file.h"
 
-#define WIN32_LEAN_AND_MEAN
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "win32.h"
 // After windows.h:
 #include <fcntl.h>
 #include <io.h>

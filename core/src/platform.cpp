@@ -6,11 +6,7 @@
 #include <charconv>
 
 #ifdef _WIN32
-#define WIN32_LEAN_AND_MEAN
-#ifndef NOMINMAX  // MinGW's libstdc++ defines it
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "win32.h"
 #else
 #include <fcntl.h>
 #include <unistd.h>

@@ -14,11 +14,7 @@
 #include <cstdint>
 
 #ifdef _WIN32
-#define WIN32_LEAN_AND_MEAN
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "win32.h"
 // windows.h first: bcrypt.h needs its types.
 #include <bcrypt.h>
 
