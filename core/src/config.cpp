@@ -102,6 +102,7 @@ constexpr double kMaxMemoryBytes = kMaxMemoryGiB * kGiB;
 constexpr double kMinSimCopyGbps = 0.1;  // 1 GiB in about 11 s
 constexpr double kMaxSimCopyGbps = 10000.0;
 constexpr double kMaxPinWorkers = 1024;
+constexpr double kMinHostRamCapGiB = 1e-6;
 
 using C = DynamicOffloadConfig;
 
@@ -201,6 +202,16 @@ constexpr auto kFields = std::to_array<Field>({
      .min = 0,
      .max = kMaxMemoryMiB},
     gib("vram_cap_gb", &C::vram_cap_gb, "DDO_VRAM_CAP_GB"),
+    // A cap that rounds to 0 bytes would read as "no cap" (Plan::host_ram_budget_bytes 0), so
+    // the smallest is 1e-6 GiB (about a KiB): below any real ring, above 0 bytes, and small
+    // enough for tests that emulate a host for a model of a few KiB.
+    {.name = "host_ram_cap_gb",
+     .ref = &C::host_ram_cap_gb,
+     .env = "DDO_HOST_RAM_CAP_GB",
+     .unit = "GiB",
+     .min = kMinHostRamCapGiB,
+     .max = kMaxMemoryGiB,
+     .zero_is_off = true},
     gib("sim_device_capacity_gb", &C::sim_device_capacity_gb, "DDO_SIM_DEVICE_GB"),
     {.name = "sim_copy_gbps",
      .ref = &C::sim_copy_gbps,

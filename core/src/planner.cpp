@@ -91,8 +91,10 @@ Plan Planner::run() {
   resolve_resident_budget();
   select_residents();
   assign_placements();
-  plan_pinning();
+  // Units first: the tiers are chosen by unit, and disk-tier units are not pin candidates.
   build_stream_units();
+  plan_tiers();
+  plan_pinning();
   return std::move(plan_);
 }
 

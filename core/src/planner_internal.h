@@ -6,6 +6,7 @@
 //   planner_patterns.cpp   skip and always-resident patterns, the auto block pattern
 //   planner_residency.cpp  resident candidates, costs, the budget, selection orders
 //   planner_pinning.cpp    pin admission against RAM and explicit bounds, SDNQ admission
+//   planner_tiers.cpp      the host RAM budget and the disk tier (Note [Disk tier plan])
 //   planner_units.cpp      which tensors stream, placements, stream units, whole-component routes
 //   planner_report.cpp     Plan::to_json, Plan::summary
 //
@@ -56,6 +57,10 @@ std::string regex_escape(std::string_view text);
 
 // At most `limit` names, then "... N more", for a decision's inputs.
 nlohmann::json names_json(const std::vector<std::string>& names, std::size_t limit = 16);
+
+// The centres of k equal strides through n items, ascending (Note [Spread order] in
+// planner_residency.cpp): floor((2i + 1) * n / (2k)) for i = 0..k-1. k is at most n.
+std::vector<std::size_t> spread_indices(std::size_t n, std::size_t k);
 
 struct BlockGroup {
   std::string prefix;
@@ -122,6 +127,10 @@ class Planner {
   void resolve_resident_budget();
   void select_residents();
   void assign_placements();
+  // Available host RAM: available_system_ram_gb, else the context's detected figure; `source`
+  // says which ("available_system_ram_gb", "detected", "unknown").
+  std::optional<std::int64_t> known_ram(std::string* source) const;
+  void plan_tiers();
   void plan_pinning();
   void admit_linear_pins(std::int64_t candidates);
   void admit_sdnq_pins(std::int64_t candidates);
@@ -147,8 +156,9 @@ class Planner {
   std::vector<BlockGroup> block_groups_;       // the groups behind block_patterns
   std::int64_t always_resident_bytes_ = 0;
   std::int64_t move_once_bytes_ = 0;
-  std::vector<TensorRef> streamed_;  // model order
-  bool split_blocks_ = false;        // group_block route streaming by module (staging_estimate)
+  std::vector<TensorRef> streamed_;         // model order
+  std::vector<std::vector<bool>> on_disk_;  // [module][tensor]: a disk-tier unit's (plan_tiers)
+  bool split_blocks_ = false;  // group_block route streaming by module (staging_estimate)
   std::string split_reason_;
 };
 

@@ -19,26 +19,27 @@ namespace {
 constexpr std::int64_t kMinUsefulPinBytes = kGiBBytes;
 constexpr double kPinSnapRatio = 0.95;
 
-std::optional<std::int64_t> known_ram(const DynamicOffloadConfig& config, const PlanContext& ctx,
-                                      std::string* source) {
-  if (config.available_system_ram_gb) {
+}  // namespace
+
+std::optional<std::int64_t> Planner::known_ram(std::string* source) const {
+  if (config_.available_system_ram_gb) {
     *source = "available_system_ram_gb";
-    return field_bytes(*config.available_system_ram_gb, "available_system_ram_gb");
+    return field_bytes(*config_.available_system_ram_gb, "available_system_ram_gb");
   }
-  if (ctx.available_ram_bytes) {
+  if (ctx_.available_ram_bytes) {
     *source = "detected";
-    return *ctx.available_ram_bytes;
+    return *ctx_.available_ram_bytes;
   }
   *source = "unknown";
   return std::nullopt;
 }
 
-}  // namespace
-
 void Planner::plan_pinning() {
   std::int64_t loader_tensors = 0;
   std::vector<TensorRef> fresh;
   for (TensorRef ref : streamed_) {
+    // Disk-tier tensors never live in host RAM (Note [Disk tier plan] in planner_tiers.cpp).
+    if (on_disk_[ref.module][ref.tensor]) continue;
     if (tensor(ref).already_pinned) {
       ++loader_tensors;
     } else {
@@ -67,7 +68,7 @@ void Planner::plan_pinning() {
   }
   pin_selected(fresh, plan_.pin_budget_bytes);
   const std::int64_t all_streamed = plan_.pin_candidate_bytes + plan_.loader_pinned_bytes;
-  if (plan_.resident_budget_bytes == 0 && all_streamed > 0 &&
+  if (plan_.resident_budget_bytes == 0 && all_streamed > 0 && plan_.disk_bytes == 0 &&
       plan_.pinned_bytes == plan_.pin_candidate_bytes) {
     decide(
         "full_pin_zero_resident",
@@ -102,7 +103,7 @@ void Planner::admit_linear_pins(std::int64_t candidates) {
   }
 
   std::string ram_source;
-  std::optional<std::int64_t> available = known_ram(config_, ctx_, &ram_source);
+  std::optional<std::int64_t> available = known_ram(&ram_source);
   std::int64_t budget = candidates;
   if (!available) {
     decide("pin_ram_unknown", {{"candidate_bytes", candidates}},
@@ -163,7 +164,10 @@ void Planner::admit_sdnq_pins(std::int64_t fresh) {
   // Seed: counts direct packed tensors, scales and auxiliaries; the ceiling, ratio, maximum and
   // known RAM headroom bound new pins; loader pins are kept and any excess reported.
   std::map<std::string, std::int64_t> by_role;  // ordered for a stable JSON
-  for (TensorRef ref : streamed_) by_role[to_string(tensor(ref).sdnq_role)] += tensor(ref).bytes;
+  for (TensorRef ref : streamed_) {
+    if (!on_disk_[ref.module][ref.tensor])
+      by_role[to_string(tensor(ref).sdnq_role)] += tensor(ref).bytes;
+  }
   const std::int64_t existing = plan_.loader_pinned_bytes;
   const std::int64_t all = fresh + existing;
   const double ratio = std::clamp(config_.pin_weight_budget_ratio, 0.0, 1.0);
@@ -176,7 +180,7 @@ void Planner::admit_sdnq_pins(std::int64_t fresh) {
   if (ratio > 0) ceiling = std::min(ceiling, static_cast<std::int64_t>(std::floor(ratio * all)));
   if (max_bytes > 0) ceiling = std::min(ceiling, max_bytes);
   std::string ram_source;
-  std::optional<std::int64_t> available = known_ram(config_, ctx_, &ram_source);
+  std::optional<std::int64_t> available = known_ram(&ram_source);
   std::optional<std::int64_t> usable;
   if (available)
     usable = *available - field_bytes(config_.system_ram_headroom_gb, "system_ram_headroom_gb");

@@ -76,8 +76,11 @@ nlohmann::json Plan::to_json() const {
   for (const StreamUnit& u : stream_units) {
     nlohmann::json refs = nlohmann::json::array();
     for (TensorRef r : u.tensors) refs.push_back({r.module, r.tensor});
-    units.push_back(
-        {{"name", u.name}, {"bytes", u.bytes}, {"grain", u.grain}, {"tensors", std::move(refs)}});
+    units.push_back({{"name", u.name},
+                     {"bytes", u.bytes},
+                     {"grain", u.grain},
+                     {"tier", u.tier},
+                     {"tensors", std::move(refs)}});
   }
   nlohmann::json decisions_json = nlohmann::json::array();
   for (const Decision& d : decisions) {
@@ -103,6 +106,9 @@ nlohmann::json Plan::to_json() const {
           {"pinned_bytes", pinned_bytes},
           {"loader_pinned_bytes", loader_pinned_bytes},
           {"pin_excess_bytes", pin_excess_bytes},
+          {"host_ram_budget_bytes", host_ram_budget_bytes},
+          {"disk_bytes", disk_bytes},
+          {"disk_ring_bytes", disk_ring_bytes},
           {"modules", std::move(mods)},
           {"stream_units", std::move(units)},
           {"decisions", std::move(decisions_json)}};
@@ -126,6 +132,15 @@ std::string Plan::summary() const {
   out += fmt::format("  pinned {} of {} (budget {}); loader-pinned {}", gib(pinned_bytes),
                      gib(pin_candidate_bytes), gib(pin_budget_bytes), gib(loader_pinned_bytes));
   if (pin_excess_bytes > 0) out += fmt::format(", excess {}", gib(pin_excess_bytes));
+  if (host_ram_budget_bytes > 0 || disk_bytes > 0) {
+    const auto on_disk = std::count_if(stream_units.begin(), stream_units.end(),
+                                       [](const StreamUnit& u) { return u.tier == "disk"; });
+    out += fmt::format(
+        "\n  host RAM budget {}: {} from host memory, {} from disk in {} units "
+        "(ring {})",
+        host_ram_budget_bytes > 0 ? gib(host_ram_budget_bytes) : "unbounded",
+        gib(host_tier_bytes()), gib(disk_bytes), on_disk, gib(disk_ring_bytes));
+  }
   out += "\n  decisions:\n";
   for (const Decision& d : decisions) out += fmt::format("    {}: {}\n", d.name, d.detail);
   return out;

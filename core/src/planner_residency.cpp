@@ -107,6 +107,15 @@ double gib_floor(std::int64_t bytes) {
 
 }  // namespace
 
+std::vector<std::size_t> spread_indices(std::size_t n, std::size_t k) {
+  // Note [Spread order].
+  std::vector<std::size_t> out;
+  k = std::min(k, n);
+  out.reserve(k);
+  for (std::size_t i = 0; i < k; ++i) out.push_back((2 * i + 1) * n / (2 * k));
+  return out;
+}
+
 void Planner::compute_costs() {
   // Always-resident parts cost nothing extra to a block (Note [Resident cost]).
   subtree_cost_.assign(n_, 0);
@@ -584,13 +593,9 @@ std::vector<std::size_t> selection_order(const std::vector<std::int64_t>& bytes,
     k = static_cast<std::size_t>(std::min<long double>(static_cast<long double>(n), fit));
   }
   if (k == 0) return order;
-  std::vector<std::size_t> out;
+  std::vector<std::size_t> out = planner_internal::spread_indices(n, k);
   std::vector<bool> taken(n, false);
-  for (std::size_t i = 0; i < k; ++i) {
-    const std::size_t index = (2 * i + 1) * n / (2 * k);
-    taken[index] = true;
-    out.push_back(index);
-  }
+  for (std::size_t index : out) taken[index] = true;
   for (std::size_t i = 0; i < n; ++i) {
     if (!taken[i]) out.push_back(i);
   }

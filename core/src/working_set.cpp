@@ -24,4 +24,16 @@ StagingSize size_staging(const StagingRequest& r) {
   return out;
 }
 
+std::int64_t size_disk_ring(const DiskRingRequest& r) {
+  // Note [Disk ring].
+  const std::int64_t disk = std::max<std::int64_t>(0, r.disk_bytes);
+  const std::int64_t largest = std::max<std::int64_t>(0, r.largest_unit_bytes);
+  if (disk == 0) return 0;
+  const std::int64_t window = r.window_bytes > 0 ? r.window_bytes : kDefaultPrefetchWindowBytes;
+  std::int64_t ring = window + 2 * largest;
+  if (r.room_bytes) ring = std::min(ring, *r.room_bytes);
+  ring = std::max(ring, 2 * largest);
+  return std::min(ring, disk);
+}
+
 }  // namespace ddo::core

@@ -128,9 +128,15 @@ struct DynamicOffloadConfig {
   bool use_side_streams = true;    ///< false: copies on the compute stream (wsl_compat)
 
   /// Engine knobs (new in ddo; DDO_ variables in the same style).
-  double staging_mb = 0.0;              ///< DDO_STAGING_MB: fixed staging area; 0 = from the plan
-  double prefetch_window_mb = 0.0;      ///< DDO_PREFETCH_WINDOW_MB: bytes in flight ahead; 0 = auto
-  double vram_cap_gb = 0.0;             ///< DDO_VRAM_CAP_GB: emulate a smaller card; 0 = off
+  double staging_mb = 0.0;          ///< DDO_STAGING_MB: fixed staging area; 0 = from the plan
+  double prefetch_window_mb = 0.0;  ///< DDO_PREFETCH_WINDOW_MB: bytes in flight ahead; 0 = auto
+  double vram_cap_gb = 0.0;         ///< DDO_VRAM_CAP_GB: emulate a smaller card; 0 = off
+  /// DDO_HOST_RAM_CAP_GB: emulate a host where ddo may hold at most this much RAM for the streamed
+  /// weights (their pinned and pageable host copies and the disk ring); 0 = off. Weights that the
+  /// loader reads from a checkpoint and that do not fit stay in the file and are read every step
+  /// (the planner's disk tier, Note [Disk tier plan] in planner_tiers.cpp). Residents and move-once
+  /// tensors live on the device and do not count.
+  double host_ram_cap_gb = 0.0;
   double sim_device_capacity_gb = 0.0;  ///< DDO_SIM_DEVICE_GB: capacity of the "sim" device; 0 = 8
   double sim_copy_gbps = 0.0;  ///< DDO_SIM_COPY_GBPS: simulated link speed; 0 = unthrottled
   /// DDO_SIM_PINNABLE_GB: pinning fails above this many GiB (on "sim", and on CUDA too, to test
@@ -195,6 +201,7 @@ Status apply_overrides(DynamicOffloadConfig* config, const nlohmann::json& objec
 /// Checks every field against its rule in the field table (Note [Config field table] in
 /// config.cpp): each number finite and in its range (memory figures up to 64 TiB, so every
 /// conversion to bytes fits; pin_cpu_workers in [1, 1024]; sim_copy_gbps 0 or in [0.1, 10000];
+/// host_ram_cap_gb 0 or in [1e-06, 65536];
 /// pin_weight_budget_ratio any number but NaN, as it is clamped where used), a known safetensors
 /// backend, module patterns within the pattern limits that compile as ECMAScript regexes, and an
 /// execution_device index in range (check_device_index). Messages start with

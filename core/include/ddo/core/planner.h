@@ -69,6 +69,11 @@ struct PlanContext {
   /// candidate_compute_ms). With `spread` selection and a figure for every candidate, residents
   /// are placed by Note [Balanced order] instead of evenly by index.
   std::map<std::string, double> candidate_compute_ms;
+  /// The streamed weights can be read again from a checkpoint every step (the adapter sets it when
+  /// the loader supplies the weights). Only then may units stream from disk, and only then does
+  /// the RAM admission bound host RAM without host_ram_cap_gb (Note [Disk tier plan] in
+  /// planner_tiers.cpp).
+  bool weights_in_file = false;
 };
 
 /// Where a module's weights live during the run.
@@ -123,6 +128,9 @@ struct StreamUnit {
   /// What the unit is: "tensor", "sdnq_layer", "leaf" (one module's weights) or "block"; the
   /// decision stream_grain says why.
   std::string grain;
+  /// Where the engine reads it from every step: "host" (its host copy, pinned or pageable) or
+  /// "disk" (the checkpoint, through the pinned disk ring; the decision disk_tier says why).
+  std::string tier = "host";
 };
 
 /// One rule that fired, with the numbers it saw.
@@ -162,6 +170,15 @@ struct Plan {
   std::int64_t loader_pinned_bytes = 0;  ///< streamed bytes the loader already pinned (kept)
   std::int64_t pin_excess_bytes = 0;     ///< sdnq: loader pins beyond the ceiling
 
+  /// Host tiers (Note [Disk tier plan] in planner_tiers.cpp).
+  /// Host RAM the streamed weights may take: host_ram_cap_gb, else with weights in a file what the
+  /// RAM admission leaves (at least 1 byte); 0 = unbounded.
+  std::int64_t host_ram_budget_bytes = 0;
+  std::int64_t disk_bytes = 0;  ///< streamed bytes read from the checkpoint every step
+  /// The pinned host ring the engine reads disk units into (Note [Disk ring] in working_set.h);
+  /// 0 when nothing streams from disk.
+  std::int64_t disk_ring_bytes = 0;
+
   std::vector<StreamUnit> stream_units;  ///< what the engine copies, model order
   std::vector<Decision> decisions;       ///< in the order the rules fired
 
@@ -171,6 +188,8 @@ struct Plan {
   bool has_decision(std::string_view name) const { return find_decision(name) != nullptr; }
   /// Names of resident modules (placement kResident), model order.
   std::vector<std::string> resident_module_names() const;
+  /// Streamed bytes read from host memory every step: streamed_bytes - disk_bytes.
+  std::int64_t host_tier_bytes() const { return streamed_bytes - disk_bytes; }
 
   nlohmann::json to_json() const;  ///< the whole plan, for reports and tests
   /// One screen: totals, budgets and one line per decision.

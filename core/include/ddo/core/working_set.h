@@ -1,7 +1,8 @@
 /// \file
 /// The working set: how much device memory the copy scheduler holds beside the residents. One rule,
 /// used by the planner (to leave room for it before it hands VRAM to residents) and by the adapter
-/// and the engine (to size the staging ring on the device as it is).
+/// and the engine (to size the staging ring on the device as it is). Also the one rule for the
+/// pinned host ring that the disk tier reads into (size_disk_ring, Note [Disk ring]).
 ///
 /// ```
 /// ddo::core::StagingRequest r;
@@ -23,8 +24,32 @@
 /// residents and move-once tensors is known, never more than half of what that room leaves after
 /// the two units: the other half is for the step's activations, which nothing here can see. The
 /// classic group routes prefetch exactly one unit ahead (window = largest unit).
+///
+/// Note [Disk ring]
+/// Units of the disk tier (Note [Disk tier plan] in planner_tiers.cpp) never live in host RAM:
+/// every step the engine reads them from the checkpoint, in traced order, into a pinned host ring
+/// ahead of the copy stream, which copies each from the ring to the device staging. The ring needs
+/// two of the largest disk unit: one the copy stream is reading while the next is read from the
+/// file (read-ahead of one). That is its floor, and a plan whose budget cannot hold it cannot
+/// stream from disk at all. By default the ring also holds a window like the device staging's
+/// (prefetch_window_mb, else 512 MiB): disk reads then keep running through the stretches of host
+/// units and absorb a slow read. Under a host RAM budget the window shrinks to the room the host
+/// units leave, never below the floor. The ring is never larger than the disk bytes: a ring that
+/// holds every disk unit would be those units kept in RAM.
+///
+/// ```
+/// ddo::core::DiskRingRequest d;
+/// d.largest_unit_bytes = 94 << 20;           // FLUX: proj_out of a single block
+/// d.disk_bytes = std::int64_t{8} << 30;
+/// ddo::core::size_disk_ring(d);              // 512 MiB + 2 x 94 MiB
+/// d.room_bytes = std::int64_t{300} << 20;    // what the budget leaves after the host units
+/// ddo::core::size_disk_ring(d);              // 300 MiB
+/// d.room_bytes = std::int64_t{100} << 20;    // below the floor: the plan cannot stream from disk
+/// ddo::core::size_disk_ring(d);              // 188 MiB = min_disk_ring_bytes(94 MiB, 8 GiB)
+/// ```
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -60,5 +85,25 @@ StagingSize size_staging(const StagingRequest& request);
 inline std::int64_t min_staging_bytes(std::int64_t largest_unit_bytes) {
   return 3 * largest_unit_bytes;
 }
+
+/// What size_disk_ring() sizes the pinned host ring of the disk tier for.
+struct DiskRingRequest {
+  std::int64_t largest_unit_bytes = 0;  ///< the largest disk-tier unit
+  std::int64_t disk_bytes = 0;          ///< all disk-tier bytes (read every step)
+  /// Requested read-ahead window (prefetch_window_mb); 0 = kDefaultPrefetchWindowBytes.
+  std::int64_t window_bytes = 0;
+  /// Host RAM the budget leaves for the ring after the host-tier units, when a budget applies.
+  std::optional<std::int64_t> room_bytes;
+};
+
+/// The smallest ring that streams disk units of `largest_unit_bytes` (Note [Disk ring]): two of
+/// them, or all `disk_bytes` when that is less.
+inline std::int64_t min_disk_ring_bytes(std::int64_t largest_unit_bytes, std::int64_t disk_bytes) {
+  return std::max<std::int64_t>(0, std::min(disk_bytes, 2 * largest_unit_bytes));
+}
+
+/// Note [Disk ring]: min(disk bytes, max(2 x largest, min(window + 2 x largest, room))); 0 when
+/// nothing is on disk. The result may exceed `room_bytes` (only by the floor): the caller checks.
+std::int64_t size_disk_ring(const DiskRingRequest& request);
 
 }  // namespace ddo::core
