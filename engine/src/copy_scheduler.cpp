@@ -1,8 +1,15 @@
 #include "ddo/engine/copy_scheduler.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "ddo/core/units.h"
@@ -58,12 +65,77 @@ namespace ddo::engine {
 // for each unit prefetched, one copy and one event record (and at most one copy-stream wait on a
 // release); a release costs one event record. time_copies adds two records per acquire and per
 // copy plus a non-blocking query of the previous sample; turn it off where per-op host time is
-// measured.
+// measured. Disk-tier units add reader threads, a job queue and a lock per disk read (Note [Disk
+// tier]); a scheduler without them starts no thread and takes no lock, and host units pay one
+// branch per acquire and per prefetched unit.
+//
+// Note [Disk tier]
+// ~~~~~~~~~~~~~~~~
+// A disk-tier unit (add_from_reader) has no host copy: each time it is needed its UnitReader
+// reads it from the checkpoint into a region of a pinned host ring (one Device::allocate_host at
+// finalize), and the device copy is issued from that region exactly like a host unit's. Two
+// cursors walk the learned trace (Note [Trace]):
+//
+//   read_seq      the read-ahead cursor. For each disk unit it reaches it takes a region of the
+//                 host ring (a FIFO byte ring like the staging ring) and queues a read job. It
+//                 runs ahead of prefetch_seq, bounded by the ring: when the oldest region cannot
+//                 be reclaimed yet it stops (backpressure: the reads wait for the GPU to consume).
+//   prefetch_seq  the device prefetch cursor (Note [Staging ring]). At a disk unit whose read has
+//                 landed it copies from the region; at one whose read has not, it stops, keeping
+//                 trace order, and tries again on the next acquire or release. It never blocks.
+//
+// Who owns what. The compute thread owns all bookkeeping: the ring, each region's unit and trace
+// position, both cursors; it allocates and reclaims regions only inside acquire(), release(),
+// prefetch and drain(). A reader thread only pops a job (slot, unit, destination) from the queue,
+// calls the unit's reader into the region it was given and publishes the result: the job's state
+// (an atomic the compute thread polls without blocking; kDone is stored with release order after
+// the bytes and the status are written) and, on failure, its Status. Readers never call the
+// Device. The queue and the state transitions run under one mutex and a condition variable for
+// "a job finished"; each job is a multi-millisecond disk read, so a lock per job costs nothing
+// measurable. A region is linked to at most one unit and a unit to at most one region, and a
+// region is reclaimed only when its read is over, so the same unit is never read twice at once.
+//
+// Reusing a region. Its bytes may be overwritten only when (1) no read is queued (cancelled under
+// the mutex) or running into it, and (2) the device copy out of it has landed: the unit's
+// copy-done event recorded right after that copy, polled with Device::event_done, or waited for
+// with synchronize_event by an acquire that needs the room. All copies are on the copy stream (or
+// all on the one compute stream without a side stream), so a later record of the same event
+// completes no earlier than the copy it replaced: a region waits at worst a little longer. And
+// (3) the trace no longer expects it: a region serves the trace position it was read for until
+// the consuming cursor (the prefetch cursor, or the acquire cursor without prefetch) passes it.
+//
+// Bytes are bytes. A unit's data does not depend on the position it was read for, so a landed
+// region serves every later copy of that unit (a prefetch, an on-demand acquire, the read-ahead's
+// next visit, which just re-targets it) until the region is reclaimed. When the ring holds every
+// disk unit, each is read once; when it does not, FIFO reclaim drops them in trace order and each
+// is read once per step. A relearn marks every region unexpected without dropping its data (the
+// next acquires may still use it); drain() cancels queued reads, waits for running ones and drops
+// all host data.
+//
+// acquire() of a disk unit not staged on the device: a read still queued is taken back and run
+// on the calling thread (instead of waiting behind the reads queued before it); a running one is
+// waited for; one that failed in read-ahead is run again on the calling thread; a unit with no
+// region takes one, reclaiming from the oldest end and blocking on a copy event or a running read
+// when it must, dropping reads the trace still expects (the read-ahead cursor rewinds to read
+// them again), and reads synchronously. Each of these counts one disk wait (disk_waits,
+// disk_wait_ms). A read that fails in read-ahead is only remembered: the prefetch stops there and
+// the acquire reads again, where a failure throws ddo::Error with the reader's code and message,
+// naming the unit and its size; the unit stays unacquired and its next acquire reads again.
+//
+// What a stall costs. A read that has not landed when the prefetch cursor reaches it stops the
+// device prefetch; the window drains as compute runs, and the acquire of that unit blocks the
+// compute thread for the rest of the read plus an on-demand copy. The device then idles for as
+// long as the reads fell behind: disk tier throughput is min(disk, link) once reads are ahead,
+// and a step whose compute is shorter than its disk reads is disk-bound whatever the ring size.
 
 namespace {
 
 enum class UnitState : std::uint8_t { kIdle, kInFlight, kAcquired, kCached };
 enum class RegionState : std::uint8_t { kInFlight, kAcquired, kReleased, kFree };
+// A host-ring region's read (Note [Disk tier]): kIdle no read (a free slot), kQueued waiting for a
+// reader, kRunning being read, kDone the bytes have landed, kFailed the reader returned an error.
+enum class JobState : std::uint8_t { kIdle, kQueued, kRunning, kDone, kFailed };
+using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kRingAlignment = 256;
 // Positions a forward jump may pass before a still-in-flight unit counts as mispredicted.
@@ -80,6 +152,8 @@ struct Unit {
   std::size_t ring_bytes = 0;
   bool pinned = false;
   bool in_trace = false;
+  bool disk = false;   // added with add_from_reader: `host` points into the host ring when read
+  int host_slot = -1;  // disk units: the host-ring region holding (or reading) its bytes, or -1
   UnitState state = UnitState::kIdle;
   std::size_t slot = 0;    // ring slot while state != kIdle
   std::size_t offset = 0;  // staging offset while state != kIdle
@@ -108,6 +182,70 @@ struct Region {
   RegionState state = RegionState::kFree;
   std::int64_t seq = kStaleSeq;  // trace position it was prefetched for
 };
+
+// A region of the pinned host ring (Note [Disk tier]); compute thread only.
+struct HostRegion {
+  std::size_t offset = 0;
+  int unit = -1;                 // the unit whose bytes it holds or reads; -1 once dropped
+  std::int64_t seq = kStaleSeq;  // trace position it serves; kStaleSeq: none (on demand, relearn)
+  Event copy_event = nullptr;    // done once the latest device copy out of it has landed
+};
+
+// The read into a host-ring region, shared by the compute thread and the reader threads.
+struct ReadJob {
+  // Written under Impl::jobs_mu; the compute thread also reads it without the lock (acquire).
+  std::atomic<JobState> state{JobState::kIdle};
+  // Set by the compute thread before queueing (under jobs_mu), read by the reader that pops it.
+  int unit = -1;
+  char* dst = nullptr;
+  std::size_t bytes = 0;
+  Status status;  // written by whoever ran the read before `state` becomes kFailed
+};
+
+// Where `n` bytes fit in a byte ring of `capacity` whose live span runs from `tail` (oldest
+// region) to `head` (end of the newest); `empty` when no region is live.
+bool ring_gap(std::size_t capacity, bool empty, std::size_t tail, std::size_t head, std::size_t n,
+              std::size_t* offset) {
+  if (empty) {
+    *offset = 0;
+    return n <= capacity;
+  }
+  if (head > tail) {  // live span [tail, head): free at the end, then at the start
+    if (n <= capacity - head) {
+      *offset = head;
+      return true;
+    }
+    if (n <= tail) {
+      *offset = 0;
+      return true;
+    }
+    return false;
+  }
+  if (n <= tail - head) {  // wrapped: free between head and tail
+    *offset = head;
+    return true;
+  }
+  return false;
+}
+
+// Runs `read` into `dst`, turning an exception into a status: a reader thread must not die.
+Status run_reader(const UnitReader& read, int unit, void* dst) {
+  try {
+    return read(dst);
+  } catch (const Error& e) {
+    return e.status();
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal,
+                  internal::str_cat("the reader of disk-tier unit ", unit, " threw: ", e.what()));
+  } catch (...) {
+    return Status(Code::kInternal, internal::str_cat("the reader of disk-tier unit ", unit,
+                                                     " threw something that is not an exception"));
+  }
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
 
 }  // namespace
 
@@ -154,6 +292,32 @@ struct CopyScheduler::Impl {
   std::int64_t in_flight_bytes = 0;  // units copied for, not yet acquired
   std::int64_t acquired_bytes = 0;
   SchedulerStats stats;
+
+  // Disk tier (Note [Disk tier]). Compute thread only, unless a comment says otherwise.
+  std::vector<UnitReader> readers;  // by unit id, empty for host units; fixed after finalize()
+  std::size_t disk_units = 0;
+  std::size_t largest_disk_ring_bytes = 0;
+  std::size_t disk_ring_total = 0;  // ring bytes of all disk units
+  bool has_disk = false;            // finalized with disk units: the hooks below run
+  char* host_ring = nullptr;        // pinned
+  std::size_t host_ring_bytes = 0;
+  std::vector<HostRegion> hring;  // circular, oldest at hring_first
+  std::size_t hring_first = 0;
+  std::size_t hring_count = 0;
+  std::size_t hring_head = 0;           // host-ring offset where the newest region ends
+  std::unique_ptr<ReadJob[]> jobs;      // one per hring slot
+  std::int64_t read_seq = 0;            // the read-ahead cursor
+  bool prefetch_waits_on_read = false;  // the prefetch stopped at a disk unit: retry on release
+  std::mutex jobs_mu;                   // the queue, stop_readers, job state transitions
+  std::condition_variable queue_cv;     // a job was queued, or stop
+  std::condition_variable done_cv;      // a job finished
+  std::vector<int> queue;               // guarded by jobs_mu: circular, slots of queued jobs
+  std::size_t queue_first = 0;          // guarded by jobs_mu
+  std::size_t queue_count = 0;          // guarded by jobs_mu
+  bool stop_readers = false;            // guarded by jobs_mu
+  std::vector<std::thread> reader_threads;
+  std::atomic<std::int64_t> disk_bytes_read{0};  // SUM, added to by whichever thread read
+  std::int64_t disk_bytes_read_base = 0;         // disk_bytes_read at the last reset_stats()
 
   // --- ring -----------------------------------------------------------------------------------
   Region& ring_at(std::size_t k) { return ring[(ring_first + k) % ring.size()]; }
@@ -216,27 +380,7 @@ struct CopyScheduler::Impl {
 
   bool fits(std::size_t n, std::size_t* offset) const {
     if (ring_count == ring.size()) return false;
-    if (ring_count == 0) {
-      *offset = 0;
-      return n <= staging_bytes;
-    }
-    const std::size_t tail = ring[ring_first].offset;
-    if (head > tail) {  // live span [tail, head): free at the end, then at the start
-      if (n <= staging_bytes - head) {
-        *offset = head;
-        return true;
-      }
-      if (n <= tail) {
-        *offset = 0;
-        return true;
-      }
-      return false;
-    }
-    if (n <= tail - head) {  // wrapped: free between head and tail
-      *offset = head;
-      return true;
-    }
-    return false;
+    return ring_gap(staging_bytes, ring_count == 0, ring[ring_first].offset, head, n, offset);
   }
 
   bool allocate_region(std::size_t n, bool on_demand, std::size_t* offset) {
@@ -331,6 +475,10 @@ struct CopyScheduler::Impl {
   }
 
   void prefetch() {
+    if (has_disk) {
+      read_ahead();
+      prefetch_waits_on_read = false;
+    }
     if (learning || !options.use_side_stream || window_bytes == 0 || trace.empty()) return;
     const auto length = static_cast<std::int64_t>(trace.size());
     if (prefetch_seq < cursor_seq) prefetch_seq = cursor_seq;
@@ -356,7 +504,12 @@ struct CopyScheduler::Impl {
         ++prefetch_seq;
         continue;
       }
+      if (u.disk && !disk_bytes_landed(id)) {
+        prefetch_waits_on_read = true;  // keep trace order; see Note [Disk tier]
+        break;
+      }
       if (!issue_copy(id, copy_stream, /*on_demand=*/false, prefetch_seq)) break;
+      if (u.disk) hring[static_cast<std::size_t>(u.host_slot)].copy_event = u.copy_done();
       ++prefetch_seq;
     }
   }
@@ -371,6 +524,277 @@ struct CopyScheduler::Impl {
     }
   }
 
+  // --- disk tier (Note [Disk tier]) -------------------------------------------------------------
+  std::size_t hslot(std::size_t k) const { return (hring_first + k) % hring.size(); }
+  // Where the trace has been consumed up to: regions for earlier positions are no longer expected.
+  std::int64_t consumed_seq() const { return std::max(prefetch_seq, cursor_seq); }
+  bool expected(const HostRegion& r) const { return r.unit >= 0 && r.seq >= consumed_seq(); }
+  JobState job_state(std::size_t slot) const {
+    return jobs[slot].state.load(std::memory_order_acquire);
+  }
+
+  void link(std::size_t slot, int id, std::int64_t seq) {
+    hring[slot].unit = id;
+    hring[slot].seq = seq;
+    units[id].host_slot = static_cast<int>(slot);
+  }
+
+  // The region no longer holds a unit's data; it stays in the ring until reclaimed.
+  void forget(std::size_t slot) {
+    HostRegion& r = hring[slot];
+    if (r.unit >= 0) units[r.unit].host_slot = -1;
+    r.unit = -1;
+    r.seq = kStaleSeq;
+  }
+
+  // Takes a job still in the queue back, leaving it in `to`; false when a reader got to it first.
+  bool take_queued(std::size_t slot, JobState to) {
+    std::lock_guard<std::mutex> lock(jobs_mu);
+    ReadJob& j = jobs[slot];
+    if (j.state.load(std::memory_order_relaxed) != JobState::kQueued) return false;
+    for (std::size_t k = 0; k < queue_count; ++k) {
+      if (queue[(queue_first + k) % queue.size()] != static_cast<int>(slot)) continue;
+      for (std::size_t m = k; m + 1 < queue_count; ++m) {
+        queue[(queue_first + m) % queue.size()] = queue[(queue_first + m + 1) % queue.size()];
+      }
+      --queue_count;
+      break;
+    }
+    j.state.store(to, std::memory_order_relaxed);
+    return true;
+  }
+
+  void queue_read(std::size_t slot) {
+    const HostRegion& r = hring[slot];
+    {
+      std::lock_guard<std::mutex> lock(jobs_mu);
+      ReadJob& j = jobs[slot];
+      j.unit = r.unit;
+      j.dst = host_ring + r.offset;
+      j.bytes = units[r.unit].bytes;
+      j.status = Status();
+      j.state.store(JobState::kQueued, std::memory_order_relaxed);
+      queue[(queue_first + queue_count) % queue.size()] = static_cast<int>(slot);
+      ++queue_count;
+    }
+    queue_cv.notify_one();
+  }
+
+  // Any thread: runs the read of job `slot` (state kRunning, owned by the caller) and publishes it.
+  void run_job(std::size_t slot, int unit, char* dst, std::size_t bytes) {
+    Status status = run_reader(readers[static_cast<std::size_t>(unit)], unit, dst);
+    if (status.ok()) disk_bytes_read.fetch_add(static_cast<std::int64_t>(bytes));
+    {
+      std::lock_guard<std::mutex> lock(jobs_mu);
+      ReadJob& j = jobs[slot];
+      const bool ok = status.ok();
+      j.status = std::move(status);
+      j.state.store(ok ? JobState::kDone : JobState::kFailed, std::memory_order_release);
+    }
+    done_cv.notify_all();
+  }
+
+  void wait_job(std::size_t slot) {
+    std::unique_lock<std::mutex> lock(jobs_mu);
+    done_cv.wait(lock, [&] {
+      const JobState st = jobs[slot].state.load(std::memory_order_relaxed);
+      return st != JobState::kQueued && st != JobState::kRunning;
+    });
+  }
+
+  void reader_loop() {
+    for (;;) {
+      std::size_t slot = 0;
+      int unit = -1;
+      char* dst = nullptr;
+      std::size_t bytes = 0;
+      {
+        std::unique_lock<std::mutex> lock(jobs_mu);
+        queue_cv.wait(lock, [&] { return stop_readers || queue_count > 0; });
+        if (stop_readers) return;  // queued jobs are abandoned: the ring is going away
+        slot = static_cast<std::size_t>(queue[queue_first]);
+        queue_first = (queue_first + 1) % queue.size();
+        --queue_count;
+        ReadJob& j = jobs[slot];
+        j.state.store(JobState::kRunning, std::memory_order_relaxed);
+        unit = j.unit;
+        dst = j.dst;
+        bytes = j.bytes;
+      }
+      run_job(slot, unit, dst, bytes);
+    }
+  }
+
+  void join_readers() {
+    {
+      std::lock_guard<std::mutex> lock(jobs_mu);
+      stop_readers = true;
+    }
+    queue_cv.notify_all();
+    for (std::thread& t : reader_threads) t.join();  // a running read finishes first
+    reader_threads.clear();
+  }
+
+  // Reclaims the oldest region. Without `blocking` only when that costs no wait and the trace no
+  // longer expects it; with it, waits for its read and its copy and drops expected data.
+  bool pop_host_front(bool blocking) {
+    if (hring_count == 0) return false;
+    const std::size_t slot = hring_first;
+    HostRegion& r = hring[slot];
+    if (expected(r)) {
+      if (!blocking) return false;
+      read_seq = std::min(read_seq, r.seq);  // the read-ahead reads it again
+    }
+    // A read taken back from the queue never lands: the unit has no bytes there any more.
+    if (job_state(slot) == JobState::kQueued && take_queued(slot, JobState::kIdle)) forget(slot);
+    if (job_state(slot) == JobState::kRunning) {
+      if (!blocking) return false;
+      wait_job(slot);
+    }
+    if (r.copy_event != nullptr && !device.event_done(r.copy_event)) {
+      if (!blocking) return false;
+      device.synchronize_event(r.copy_event);
+    }
+    forget(slot);
+    r.copy_event = nullptr;
+    jobs[slot].state.store(JobState::kIdle, std::memory_order_relaxed);
+    hring_first = (hring_first + 1) % hring.size();
+    if (--hring_count == 0) hring_head = 0;
+    return true;
+  }
+
+  bool allocate_host_region(std::size_t n, bool blocking, std::size_t* slot) {
+    for (;;) {
+      std::size_t offset = 0;
+      if (hring_count < hring.size() &&
+          ring_gap(host_ring_bytes, hring_count == 0, hring[hring_first].offset, hring_head, n,
+                   &offset)) {
+        *slot = hslot(hring_count);
+        hring[*slot] = HostRegion{offset, -1, kStaleSeq, nullptr};
+        ++hring_count;
+        hring_head = offset + n;
+        return true;
+      }
+      if (!pop_host_front(blocking)) return false;
+    }
+  }
+
+  // The read-ahead cursor: queues reads for the disk units ahead, as far as the ring allows.
+  void read_ahead() {
+    if (learning || trace.empty()) return;
+    const auto length = static_cast<std::int64_t>(trace.size());
+    const std::int64_t consumed = consumed_seq();
+    if (read_seq < consumed) read_seq = consumed;
+    while (read_seq < cursor_seq + length - 1) {
+      const int id = trace[static_cast<std::size_t>(read_seq % length)];
+      Unit& u = units[id];
+      if (!u.disk) {
+        ++read_seq;
+        continue;
+      }
+      if (u.host_slot >= 0) {
+        const auto slot = static_cast<std::size_t>(u.host_slot);
+        HostRegion& r = hring[slot];
+        if (r.seq < read_seq) {
+          // An earlier position still to be consumed (a unit used twice): that copy first.
+          if (r.seq >= consumed) break;
+          r.seq = read_seq;  // bytes are bytes: the region serves this position too
+          if (job_state(slot) == JobState::kFailed) queue_read(slot);  // try once more
+        }
+        ++read_seq;
+        continue;
+      }
+      std::size_t slot = 0;
+      if (!allocate_host_region(u.ring_bytes, /*blocking=*/false, &slot)) break;  // backpressure
+      link(slot, id, read_seq);
+      queue_read(slot);
+      ++read_seq;
+    }
+  }
+
+  // For the prefetch: true when the unit's bytes have landed in the host ring (`host` points at
+  // them). False while its read is queued or running, failed, or not issued yet.
+  bool disk_bytes_landed(int id) {
+    Unit& u = units[id];
+    if (u.host_slot < 0) return false;
+    const auto slot = static_cast<std::size_t>(u.host_slot);
+    if (job_state(slot) != JobState::kDone) return false;
+    u.host = host_ring + hring[slot].offset;
+    return true;
+  }
+
+  // For an acquire that copies on demand: makes the unit's bytes land in the host ring, waiting
+  // for or running its read on this thread (Note [Disk tier]); throws ddo::Error if it fails.
+  void read_on_demand(int id) {
+    Unit& u = units[id];
+    const Clock::time_point start = Clock::now();
+    bool waited = false;
+    bool ran_here = false;
+    std::size_t slot = 0;
+    auto run_here = [&] {
+      ReadJob& j = jobs[slot];
+      j.state.store(JobState::kRunning, std::memory_order_relaxed);  // no reader holds it
+      run_job(slot, id, host_ring + hring[slot].offset, u.bytes);
+      waited = ran_here = true;
+    };
+    if (u.host_slot >= 0) {
+      slot = static_cast<std::size_t>(u.host_slot);
+      const JobState st = job_state(slot);
+      if (st == JobState::kQueued && take_queued(slot, JobState::kRunning)) {
+        run_job(slot, id, host_ring + hring[slot].offset, u.bytes);  // rather than queue behind
+        waited = ran_here = true;
+      } else if (st == JobState::kQueued || st == JobState::kRunning) {
+        wait_job(slot);
+        waited = true;
+      }
+      // A read-ahead that failed: once more here, where a failure reaches the caller.
+      if (job_state(slot) == JobState::kFailed && !ran_here) run_here();
+    } else {
+      const bool found = allocate_host_region(u.ring_bytes, /*blocking=*/true, &slot);
+      DDO_ASSERT(found, "copy scheduler: no room for disk-tier unit ", id, " (", u.ring_bytes,
+                 " bytes) in an empty ", host_ring_bytes, "-byte host ring");
+      link(slot, id, kStaleSeq);
+      run_here();
+    }
+    if (waited) {
+      ++stats.disk_waits;
+      stats.disk_wait_ms += ms_since(start);
+    }
+    const JobState landed = job_state(slot);
+    DDO_ASSERT(landed == JobState::kDone || landed == JobState::kFailed,
+               "copy scheduler: disk-tier unit ", id, " has a host region without a read");
+    if (landed == JobState::kFailed) {
+      const Status& failure = jobs[slot].status;
+      throw Error(failure.code(),
+                  internal::str_cat("copy scheduler: reading disk-tier unit ", id, " (", u.bytes,
+                                    " bytes) failed: ", failure.message(),
+                                    "; the unit was not acquired and is read again when it is "
+                                    "next acquired"));
+    }
+    u.host = host_ring + hring[slot].offset;
+  }
+
+  // Marks every region unexpected (a relearn): the data stays usable until reclaimed.
+  void unexpect_host_regions() {
+    for (std::size_t k = 0; k < hring_count; ++k) hring[hslot(k)].seq = kStaleSeq;
+    prefetch_waits_on_read = false;
+  }
+
+  // drain(): no read runs into the ring afterwards, and no region holds a unit's data.
+  void drain_reads() {
+    for (std::size_t k = 0; k < hring_count; ++k) {
+      const std::size_t slot = hslot(k);
+      if (job_state(slot) == JobState::kQueued) take_queued(slot, JobState::kIdle);
+    }
+    for (std::size_t k = 0; k < hring_count; ++k) {
+      const std::size_t slot = hslot(k);
+      if (job_state(slot) == JobState::kRunning) wait_job(slot);
+      forget(slot);
+    }
+    read_seq = cursor_seq;
+    prefetch_waits_on_read = false;
+  }
+
   // --- trace ----------------------------------------------------------------------------------
   void start_relearn(int id) {
     ++stats.relearns;
@@ -378,6 +802,7 @@ struct CopyScheduler::Impl {
     trace.clear();
     for (Unit& u : units) u.in_trace = false;
     drop_in_flight(id);
+    if (has_disk) unexpect_host_regions();
     if (id >= 0) trace.push_back(id);
   }
 
@@ -389,6 +814,7 @@ struct CopyScheduler::Impl {
       cycle = 1;
       cursor_seq = length + 1;  // trace[0] of cycle 1 is being acquired now
       prefetch_seq = cursor_seq;
+      read_seq = cursor_seq;
       misses_in_cycle = 0;
       cycles_with_misses = 0;
       miss_limit = std::min<std::int64_t>(8, std::max<std::int64_t>(1, length / 10));
@@ -479,13 +905,28 @@ CopyScheduler::~CopyScheduler() {
   Device& d = s.device;
   // Destructors cannot report; a CUDA failure here (a broken context at teardown) is printed
   // rather than terminating the process.
+  bool synced = false;
   try {
     if (s.finalized) {
       if (s.options.use_side_stream) d.synchronize_stream(s.copy_stream);
       // Ops issued before the newest release may still read staging.
       if (s.last_released_unit >= 0) d.synchronize_event(s.units[s.last_released_unit].release);
-      d.deallocate(s.staging);
     }
+    synced = true;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ddo: copy scheduler teardown failed: %s\n", e.what());
+  }
+  // Readers stop before the ring goes (a running read finishes into it); queued reads are dropped.
+  s.join_readers();
+  if (!synced) return;  // as before the disk tier: a broken device keeps its memory
+  try {
+    // Copies out of the host ring issued on the compute stream (no side stream) may still run.
+    for (std::size_t k = 0; k < s.hring_count; ++k) {
+      const Event e = s.hring[s.hslot(k)].copy_event;
+      if (e != nullptr) d.synchronize_event(e);
+    }
+    if (s.host_ring != nullptr) d.deallocate_host(s.host_ring);
+    if (s.staging != nullptr) d.deallocate(s.staging);
     for (Unit& u : s.units) {
       for (Event e : {u.release, u.wait_start, u.wait_end, u.copy_starts[0], u.copy_starts[1],
                       u.copy_dones[0], u.copy_dones[1]}) {
@@ -511,7 +952,28 @@ int CopyScheduler::add(const void* host_ptr, std::size_t bytes, bool pinned) {
   u.ring_bytes = align_up(std::max<std::size_t>(bytes, 1), kRingAlignment);
   u.pinned = pinned;
   s.units.push_back(u);
+  s.readers.emplace_back();
   s.largest_ring_bytes = std::max(s.largest_ring_bytes, u.ring_bytes);
+  return static_cast<int>(s.units.size() - 1);
+}
+
+int CopyScheduler::add_from_reader(std::size_t bytes, UnitReader read) {
+  Impl& s = *impl_;
+  DDO_CHECK(!s.finalized, Code::kFailedPrecondition,
+            "CopyScheduler::add_from_reader after finalize(); register every unit first");
+  DDO_CHECK(static_cast<bool>(read), Code::kInvalidArgument,
+            "CopyScheduler::add_from_reader: no reader for a ", bytes, "-byte disk-tier unit");
+  Unit u;
+  u.bytes = bytes;
+  u.ring_bytes = align_up(std::max<std::size_t>(bytes, 1), kRingAlignment);
+  u.pinned = true;  // copies read it from the pinned host ring
+  u.disk = true;
+  s.units.push_back(u);
+  s.readers.push_back(std::move(read));
+  s.largest_ring_bytes = std::max(s.largest_ring_bytes, u.ring_bytes);
+  s.largest_disk_ring_bytes = std::max(s.largest_disk_ring_bytes, u.ring_bytes);
+  s.disk_ring_total += u.ring_bytes;
+  ++s.disk_units;
   return static_cast<int>(s.units.size() - 1);
 }
 
@@ -540,6 +1002,38 @@ Status CopyScheduler::finalize() {
   }
   // The window never exceeds what the ring can hold next to one acquired unit.
   s.window_bytes = std::min(window, staging - largest);
+  // The pinned host ring of the disk tier (Note [Disk tier]; the rule is Note [Disk ring] in
+  // ddo/core/working_set.h), over ring bytes like the staging area.
+  std::size_t ring_bytes = 0;
+  int workers = 0;
+  if (s.disk_units > 0) {
+    if (s.options.disk_ring_bytes > 0) {
+      ring_bytes = align_up(s.options.disk_ring_bytes, kRingAlignment);
+    } else {
+      core::DiskRingRequest ring;
+      ring.largest_unit_bytes = static_cast<std::int64_t>(s.largest_disk_ring_bytes);
+      ring.disk_bytes = static_cast<std::int64_t>(s.disk_ring_total);
+      ring.window_bytes = static_cast<std::int64_t>(s.window_bytes);
+      ring_bytes = static_cast<std::size_t>(core::size_disk_ring(ring));
+    }
+    if (ring_bytes < s.largest_disk_ring_bytes) {
+      return Status(
+          Code::kInvalidArgument,
+          internal::str_cat("disk_ring_bytes=", s.options.disk_ring_bytes,
+                            " cannot hold the largest disk-tier unit (", s.largest_disk_ring_bytes,
+                            " bytes); use at least ", 2 * s.largest_disk_ring_bytes,
+                            " (2 x the largest disk unit) or 0 for the default"));
+    }
+    if (s.options.disk_read_workers < 0) {
+      return Status(Code::kInvalidArgument,
+                    internal::str_cat("disk_read_workers=", s.options.disk_read_workers,
+                                      " is negative; use 0 for the default (2) or a count"));
+    }
+    workers = s.options.disk_read_workers > 0 ? s.options.disk_read_workers : 2;
+    // One read per unit at a time (Note [Disk tier]): more threads than units would idle.
+    workers =
+        static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(workers), s.disk_units));
+  }
   if (staging > 0) {
     void* ptr = nullptr;
     Status status = s.device.allocate(staging, &ptr);
@@ -552,6 +1046,40 @@ Status CopyScheduler::finalize() {
                                       "budget"));
     }
     s.staging = static_cast<char*>(ptr);
+  }
+  if (s.disk_units > 0) {
+    void* ptr = nullptr;
+    Status status = s.device.allocate_host(ring_bytes, &ptr);
+    if (!status.ok()) {
+      s.device.deallocate(s.staging);
+      s.staging = nullptr;
+      return Status(
+          Code::kResourceExhausted,
+          internal::str_cat("pinning the ", ring_bytes, "-byte host ring for ", s.disk_units,
+                            " disk-tier units (largest ", s.largest_disk_ring_bytes,
+                            " bytes) failed: ", status.message(),
+                            "; lower disk_ring_bytes (at least 2 x the largest disk "
+                            "unit) or free pinned memory"));
+    }
+    s.host_ring = static_cast<char*>(ptr);
+    s.host_ring_bytes = ring_bytes;
+    s.hring.assign(2 * s.disk_units + 16, HostRegion{});
+    s.jobs = std::make_unique<ReadJob[]>(s.hring.size());
+    s.queue.assign(s.hring.size(), -1);
+    try {
+      for (int k = 0; k < workers; ++k) s.reader_threads.emplace_back([&s] { s.reader_loop(); });
+    } catch (const std::system_error& e) {
+      s.join_readers();
+      s.device.deallocate_host(s.host_ring);
+      s.host_ring = nullptr;
+      s.device.deallocate(s.staging);
+      s.staging = nullptr;
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat("starting ", workers, " disk reader threads failed: ",
+                                      e.what(), "; lower disk_read_workers"));
+    }
+    s.stats.disk_ring_bytes = static_cast<std::int64_t>(ring_bytes);
+    s.has_disk = true;
   }
   s.staging_bytes = staging;
   s.stats.staging_bytes = static_cast<std::int64_t>(staging);
@@ -599,8 +1127,10 @@ void* CopyScheduler::acquire(int id, Stream stream) {
     case UnitState::kIdle:
     case UnitState::kAcquired:
       ++s.stats.on_demand;
+      if (u.disk) s.read_on_demand(id);  // may throw; see Note [Disk tier]
       s.issue_copy(id, s.options.use_side_stream ? s.copy_stream : stream, /*on_demand=*/true,
                    s.cursor_seq);
+      if (u.disk) s.hring[static_cast<std::size_t>(u.host_slot)].copy_event = u.copy_done();
       s.in_flight_bytes -= static_cast<std::int64_t>(u.bytes);
       break;
   }
@@ -637,6 +1167,14 @@ void CopyScheduler::release(int id, Stream stream) {
   u.state = UnitState::kCached;
   s.ring[u.slot].state = RegionState::kReleased;
   s.acquired_bytes -= static_cast<std::int64_t>(u.bytes);
+  // Disk reads land between acquires: a stopped prefetch or read-ahead resumes here too.
+  if (s.has_disk) {
+    if (s.prefetch_waits_on_read) {
+      s.prefetch();
+    } else {
+      s.read_ahead();
+    }
+  }
 }
 
 void CopyScheduler::drain() {
@@ -651,6 +1189,7 @@ void CopyScheduler::drain() {
     }
   }
   s.prefetch_seq = s.cursor_seq;
+  if (s.has_disk) s.drain_reads();
   s.harvest_all();
 }
 
@@ -682,6 +1221,7 @@ SchedulerStats CopyScheduler::stats() const {
   impl_->harvest_all();
   SchedulerStats out = impl_->stats;
   out.trace_length = impl_->learning ? 0 : impl_->trace.size();
+  out.disk_bytes_read = impl_->disk_bytes_read.load() - impl_->disk_bytes_read_base;
   return out;
 }
 
@@ -690,7 +1230,9 @@ void CopyScheduler::reset_stats() {
   s.harvest_all();
   SchedulerStats fresh;
   fresh.staging_bytes = static_cast<std::int64_t>(s.staging_bytes);
+  fresh.disk_ring_bytes = static_cast<std::int64_t>(s.host_ring_bytes);
   s.stats = fresh;
+  s.disk_bytes_read_base = s.disk_bytes_read.load();
   s.update_peak();
 }
 
@@ -700,6 +1242,10 @@ std::size_t CopyScheduler::staging_bytes() const {
 
 std::size_t CopyScheduler::unit_count() const {
   return impl_->units.size();
+}
+
+std::size_t CopyScheduler::disk_unit_count() const {
+  return impl_->disk_units;
 }
 
 }  // namespace ddo::engine

@@ -18,10 +18,24 @@
 /// the host in the steady state. Resident modules never appear in the trace, so prefetch runs
 /// past them. An acquire that does not match the trace is served correctly (an on-demand copy),
 /// counted, and after repeated misses the trace is learned again. See Note [Staging ring].
+///
+/// Disk-tier units (add_from_reader) are not held in host RAM: each time one is needed, the
+/// scheduler's reader threads read it into a pinned host ring, ahead along the trace, and the
+/// device copy is issued from there like a host unit's:
+///
+/// ```
+/// int id = scheduler.add_from_reader(bytes, [file, offset, bytes](void* dst) {
+///   return read_exactly(file, offset, dst, bytes);   // on a reader thread
+/// });
+/// ```
+///
+/// A read that has not landed when the prefetch reaches its unit stops the prefetch there (trace
+/// order is kept); the acquire then waits for it. See Note [Disk tier] in copy_scheduler.cpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,6 +43,12 @@
 #include "ddo/engine/device.h"
 
 namespace ddo::engine {
+
+/// Reads a disk-tier unit's bytes into `dst` (pinned host memory of the unit's size, 256-byte
+/// aligned). Called on the scheduler's reader threads, possibly concurrently for different units
+/// (never twice at once for the same unit), or on the thread that acquires the unit; must be
+/// thread-safe. A failure is returned, not thrown (an exception becomes a kInternal status).
+using UnitReader = std::function<Status(void* dst)>;
 
 /// How a CopyScheduler sizes its staging area and issues its copies.
 struct SchedulerOptions {
@@ -41,6 +61,12 @@ struct SchedulerOptions {
   bool use_side_stream = true;
   /// Time copies with events (device time); costs two event records per copy.
   bool time_copies = true;
+  /// Pinned host ring for disk-tier units, rounded up to 256 bytes; 0 = core::size_disk_ring
+  /// without a room bound (window + 2 x the largest disk unit, at most the disk units' total).
+  /// Must hold the largest disk unit; 2 x the largest keeps one read ahead of the copy.
+  std::size_t disk_ring_bytes = 0;
+  /// Threads reading disk-tier units; 0 = 2 (never more than there are disk units).
+  int disk_read_workers = 0;
 };
 
 /// Counters of a CopyScheduler since it was built or reset_stats(); COUNT, SUM or peak as named.
@@ -56,6 +82,10 @@ struct SchedulerStats {
   std::int64_t staging_bytes = 0;         ///< size of the staging area
   std::int64_t peak_in_flight_bytes = 0;  ///< most bytes copied ahead and not yet released at once
   std::size_t trace_length = 0;           ///< units in the learned acquire order
+  std::int64_t disk_bytes_read = 0;       ///< SUM: bytes read from disk-tier sources
+  std::int64_t disk_waits = 0;            ///< COUNT: acquires whose read had not landed
+  double disk_wait_ms = 0.0;              ///< host time acquires spent waiting for reads
+  std::int64_t disk_ring_bytes = 0;       ///< size of the pinned host ring
 };
 
 /// One streamed unit's last copy and last compute-side wait, in milliseconds after the mark
@@ -83,8 +113,12 @@ class CopyScheduler {
 
   /// Setup. Registers a unit living at `host_ptr`; returns its id (0, 1, ...).
   int add(const void* host_ptr, std::size_t bytes, bool pinned);
-  /// Allocates the staging area (device memory) once. Fails with kResourceExhausted when the
-  /// device cannot hold it, naming the size.
+  /// Setup. Registers a disk-tier unit of `bytes` whose data `read` supplies each time it is
+  /// needed; returns its id (same id space as add()).
+  int add_from_reader(std::size_t bytes, UnitReader read);
+  /// Allocates the staging area (device memory) once, and with disk-tier units the pinned host
+  /// ring, and starts the reader threads. Fails with kResourceExhausted when the device cannot
+  /// hold the staging area or the ring cannot be pinned, naming the size.
   Status finalize();
 
   /// Hot path. Returns the device address holding unit `id`; work issued on `stream` after this
@@ -93,7 +127,8 @@ class CopyScheduler {
   /// The unit's bytes may be reused after the work on `stream` so far.
   void release(int id, Stream stream);
 
-  /// Waits for all copies; drops prefetched data (used at region boundaries and teardown).
+  /// Waits for all copies and running disk reads (queued ones are cancelled); drops prefetched
+  /// and read-ahead data (used at region boundaries and teardown).
   void drain();
 
   /// Diagnostics (time_copies only): records a reference point on `stream`, e.g. where a step
@@ -105,7 +140,9 @@ class CopyScheduler {
   SchedulerStats stats() const;       ///< the counters so far
   void reset_stats();                 ///< zeroes the counters (the trace is kept)
   std::size_t staging_bytes() const;  ///< the staging area's size once finalized
-  std::size_t unit_count() const;     ///< units registered by add()
+  std::size_t unit_count() const;     ///< units registered by add() and add_from_reader()
+  /// Units added with add_from_reader.
+  std::size_t disk_unit_count() const;
 
  private:
   struct Impl;
