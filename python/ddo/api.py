@@ -14,6 +14,17 @@ model runs unchanged and no Python code runs per op (interception is at the disp
 
 The offload stays attached to the model (``model._ddo_offload``) until ``remove_offload`` or
 ``offload.remove()``, so the host does not have to keep the result alive.
+
+A TorchScript module (``torch.jit.trace`` / ``torch.jit.script`` / ``torch.jit.load``) is not
+walked in Python: its children are RecursiveScriptModules, which no isinstance test recognises.
+It goes to the C++ path a C++ program uses for a ``torch::jit::Module`` (Note [TorchScript
+modules] in torch/src/jit_module.cpp), which classifies by TorchScript type, refuses frozen
+modules, and names profiles after the root's qualified type
+(``"__torch__.diffusers.models.transformers.transformer_flux.FluxTransformer2DModel"``); the
+result is the same ``OffloadResult``::
+
+    traced = torch.jit.trace(model, example_kwarg_inputs=inputs, strict=False)
+    offload = enable_offload(traced, profile_name="flux", build_profile=calibrate)
 """
 
 from __future__ import annotations
@@ -439,10 +450,18 @@ def _enable(
         raise RuntimeError(
             "this module already has an active ddo offload; call remove_offload(model) first"
         )
-    _refuse_compiled(model)
+    # A TorchScript module (torch.jit.trace / script / load) is a ScriptModule whose children are
+    # RecursiveScriptModules, not nn.Linear: _gather would stream none of it. C++ reads its
+    # TorchScript types instead (jit_bindings.cpp), as for a C++ program's torch::jit::Module.
+    jit = isinstance(model, torch.jit.ScriptModule)
+    if jit and load is not None:
+        raise TypeError("loading a checkpoint into a TorchScript module is not supported; "
+                        "torch.jit.load the saved module, then call enable_offload on it")
+    if not jit:
+        _refuse_compiled(model)
 
     model_class = model_class_name(model)
-    entries, kept, sdnq_layers = _gather(model)
+    entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
     overrides = dict(overrides)
     skipped = [k for k in kept if not k.get("placed")]
     if skipped:
@@ -459,21 +478,22 @@ def _enable(
 
     progress = SetupProgress(label or model_class, record_event)
     progress.start()
+    native_args = dict(
+        preset=preset if preset is not None else "auto",
+        profile_name=profile_name or "",
+        build_profile=build_profile,
+        settings=settings._native if settings is not None else None,
+        config=_config_fields(config),
+        overrides=overrides or None,
+        execution_device=execution_device or "",
+        record_event=progress,
+        device=device,
+    )
     try:
-        native = _C.enable_offload_tree(
-            model_class,
-            entries,
-            preset=preset if preset is not None else "auto",
-            profile_name=profile_name or "",
-            build_profile=build_profile,
-            settings=settings._native if settings is not None else None,
-            config=_config_fields(config),
-            overrides=overrides or None,
-            execution_device=execution_device or "",
-            record_event=progress,
-            device=device,
-            load=load,
-        )
+        if jit:
+            native = _C.enable_offload_jit(model, **native_args)
+        else:
+            native = _C.enable_offload_tree(model_class, entries, load=load, **native_args)
     except BaseException:
         progress.close(failed=True)
         raise
@@ -521,7 +541,9 @@ def enable_offload(
     group_event_name: Optional[str] = None,
     **config_overrides: Any,
 ) -> OffloadResult:
-    """Takes over weight placement of ``model`` (a transformer, UNet, VAE, text encoder, ...).
+    """Takes over weight placement of ``model`` (a transformer, UNet, VAE, text encoder, ...):
+    an ``nn.Module``, or a TorchScript module (``torch.jit.ScriptModule``: traced, scripted or
+    loaded), whose Linear/Conv/Embedding weights ddo finds by TorchScript type.
 
     preset: ``auto`` (= one_shot_fast), low_ram_safe, wsl_compat, warm_process,
         diffusers_offload_compat, diffusers_leaf_offload_compat, off; None (the default) =

@@ -13,7 +13,9 @@ first on the dynamic route (the denoiser in diffusers' component order)::
         image = pipe(prompt, num_inference_steps=28).images[0]
 
 This mirrors ddo::adapter::enable_pipeline_offload (C++), whose signature takes LibTorch
-modules; the per-component work is the C++ enable_offload.
+modules; the per-component work is the C++ enable_offload. A TorchScript component (a traced or
+loaded ``torch.jit.ScriptModule`` is an nn.Module too) takes the same route through
+``enable_offload``'s TorchScript path.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import torch
+
 from . import _C
 
 __all__ = [
@@ -40,9 +42,13 @@ HostContextStore = _C.HostContextStore
 
 
 def model_class_name(model_or_class: Any) -> str:
-    """The profile identity's class: a Python model's class ``__qualname__`` (spec §6)."""
+    """The profile identity's class: a Python model's class ``__qualname__`` (spec §6); for a
+    TorchScript module, its root's qualified TorchScript type, as C++ names it
+    (``"__torch__.diffusers.models...FluxTransformer2DModel"``)."""
     if isinstance(model_or_class, str):
         return model_or_class
+    if isinstance(model_or_class, torch.jit.ScriptModule):
+        return _C.jit_module_class_name(model_or_class)
     cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
     return cls.__qualname__
 

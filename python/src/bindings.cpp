@@ -553,4 +553,5 @@ PYBIND11_MODULE(_C, m) {
       });
 
   ddo::python::bind_offload(m);
+  ddo::python::bind_jit(m);
 }

@@ -14,6 +14,7 @@
 // where ddo_torch no longer rolls back; an interrupt seen there is held, the finished offload is
 // removed (restoring the model), and then the interrupt is raised.
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,6 +35,7 @@
 #include "ddo/torch/module_tree.h"
 #include "ddo/torch/profile_run.h"
 #include "ddo/torch/weight_cache.h"
+#include "offload_setup.h"
 #include "py_common.h"
 
 namespace ddo::python {
@@ -102,23 +104,6 @@ struct SetupEvents {
   }
 };
 
-struct OffloadArgs {
-  std::string model_class;
-  py::list entries;
-  std::optional<std::string> preset;  // None: DDO_PRESET, else auto
-  std::string profile_name;
-  bool build_profile = false;
-  const core::DynamicOffloadSettings* settings = nullptr;
-  py::object config;  // None or a field dict
-  py::object overrides;
-  std::string execution_device;
-  py::object record_event;
-  py::object env;  // None or dict[str, str]
-  std::shared_ptr<engine::Device> device;
-  bool check_signals = true;
-  py::object load;  // None or {"path", "read_workers", "allow_unexpected_keys"} (loader.h)
-};
-
 // LoadOptions from the Python loader's dict.
 adapter::LoadOptions load_options(const py::handle& load) {
   auto d = load.cast<py::dict>();
@@ -131,7 +116,23 @@ adapter::LoadOptions load_options(const py::handle& load) {
   return options;
 }
 
-std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
+// A Python nn.Module's tree (and, with `load`, its checkpoint) attached through the shared path.
+std::unique_ptr<adapter::Offload> enable(const OffloadArgs& args) {
+  adapter::OffloadOptions options = offload_options(args);
+  adapter::ModuleTree tree = tree_from(args.model_class, args.entries);
+  if (!args.load.is_none()) {
+    const adapter::LoadOptions load = load_options(args.load);
+    py::gil_scoped_release release;
+    options.weights = adapter::open_weight_source(tree, load);  // reads headers, checks keys
+  }
+  return attach_with_events(std::move(options), args, [&](const adapter::OffloadOptions& o) {
+    return adapter::enable_offload_tree(std::move(tree), o);
+  });
+}
+
+}  // namespace
+
+adapter::OffloadOptions offload_options(const OffloadArgs& args) {
   adapter::OffloadOptions options;
   options.preset = args.preset;
   options.profile_name = args.profile_name;
@@ -155,13 +156,13 @@ std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
     options.env = core::EnvMap(env.begin(), env.end());
   }
   options.device = args.device;
-  adapter::ModuleTree tree = tree_from(args.model_class, args.entries);
-  if (!args.load.is_none()) {
-    const adapter::LoadOptions load = load_options(args.load);
-    py::gil_scoped_release release;
-    options.weights = adapter::open_weight_source(tree, load);  // reads headers, checks keys
-  }
+  return options;
+}
 
+std::unique_ptr<adapter::Offload> attach_with_events(
+    adapter::OffloadOptions options, const OffloadArgs& args,
+    const std::function<std::unique_ptr<adapter::Offload>(const adapter::OffloadOptions&)>&
+        attach) {
   auto events = std::make_shared<SetupEvents>();
   events->host_callback = args.record_event;
   events->check_signals = args.check_signals;
@@ -169,7 +170,7 @@ std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
   std::unique_ptr<adapter::Offload> offload;
   {
     py::gil_scoped_release release;
-    offload = adapter::enable_offload_tree(std::move(tree), options);
+    offload = attach(options);
   }
   if (events->deferred) {
     std::exception_ptr deferred = std::exchange(events->deferred, nullptr);
@@ -182,8 +183,6 @@ std::unique_ptr<adapter::Offload> enable(OffloadArgs args) {
   }
   return offload;
 }
-
-}  // namespace
 
 void bind_offload(py::module_& m) {
   // c10::OutOfMemoryError (a full card, or the simulated one) -> torch.OutOfMemoryError, as torch
@@ -308,7 +307,7 @@ void bind_offload(py::module_& m) {
         args.device = std::move(device);
         args.check_signals = check_signals;
         args.load = std::move(load);
-        return enable(std::move(args));
+        return enable(args);
       },
       py::arg("model_class"), py::arg("entries"), py::arg("preset") = py::none(),
       py::arg("profile_name") = "", py::arg("build_profile") = false, py::arg("settings") = nullptr,

@@ -1,4 +1,4 @@
-// Shared by the two translation units of ddo._C: the JSON bridge and the error table.
+// Shared by the translation units of ddo._C: the JSON bridge and the error table.
 //
 // The binding is thin: values cross as JSON (nlohmann::json <-> plain Python objects), tensors
 // cross as at::Tensor through torch's own type caster (offload_bindings.cpp), and every
@@ -43,5 +43,9 @@ void check_override_names(const nlohmann::json& overrides);
 
 // Registers the offload part of the module (offload_bindings.cpp).
 void bind_offload(py::module_& m);
+
+// Registers enable_offload for TorchScript modules (jit_bindings.cpp); after bind_offload, whose
+// Offload class it returns.
+void bind_jit(py::module_& m);
 
 }  // namespace ddo::python
