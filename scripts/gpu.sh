@@ -282,6 +282,7 @@ case "$MODE" in
   bench) build && micro && w1 ;;
   py) build && py ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
+  jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;
   # SDNQ in one call: build, the GPU tests (kernels, streamed units, probe lifecycle), pytest,
   # then W2 as DDO_W2_* select.
   sdnq) build && { DDO_GPU_TESTS_ONLY=1 run_tests; DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh"; } ;;

@@ -7,7 +7,7 @@
 //
 //   torchscript_flow --model flux/model.pt --inputs flux/inputs.pt [--out out.pt]
 //                    [--report report.json] [--device sim|cuda:N] [--profile NAME] [--steps N]
-//                    [--latents NAME] [--stream-all]
+//                    [--latents NAME] [--warmup N] [--stream-all]
 //
 // --inputs: a dict of named tensors (torch.save), passed to forward() as keyword arguments. The
 // one named by --latents (default: "hidden_states" or "sample", whichever is there) is what the
@@ -19,9 +19,13 @@
 // --report: the phases' profile reports, offload reports and timings as JSON.
 // --stream-all: no resident budget, no auto policy, every weight streamed (tiny models fit whole
 // otherwise, and the calibration would measure nothing).
+// --warmup: steps left out of the per-step figure, the median of the rest (default 1).
+// examples/python/trace_diffusers.py --python-flow takes the same --steps and --warmup and writes
+// the same report, so scripts/gpu-jit.sh sets the two paths side by side.
 // Profiles go to DDO_PROFILE_DIR (default ~/.ddo/profiles).
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +53,7 @@ struct Args {
   std::string profile = "torchscript-flow";
   std::string latents;
   int steps = 4;
+  int warmup = 1;
   bool stream_all = false;
 };
 
@@ -57,7 +62,7 @@ struct Args {
                "torchscript_flow: %s\n"
                "usage: torchscript_flow --model M.pt --inputs I.pt [--out O.pt] [--report R.json]\n"
                "                        [--device sim|cuda:N] [--profile NAME] [--steps N]\n"
-               "                        [--latents NAME] [--stream-all]\n",
+               "                        [--latents NAME] [--warmup N] [--stream-all]\n",
                why);
   std::exit(2);
 }
@@ -89,6 +94,9 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--steps") {
       a.steps = std::atoi(value.c_str());
       if (a.steps < 1) usage("--steps needs a positive number");
+    } else if (flag == "--warmup") {
+      a.warmup = std::atoi(value.c_str());
+      if (a.warmup < 0) usage("--warmup needs a number of 0 or more");
     } else {
       usage(("unknown argument " + flag).c_str());
     }
@@ -170,10 +178,14 @@ struct Phase {
   std::vector<double> step_ms;  // each step, device work included
   double seconds = 0.0;
   // The TorchScript executor profiles and optimizes the graph during the first calls (the tiny
-  // test UNet: about 3 s for its first call, 3 ms later), so the steady state is the median of
-  // the steps after the first.
-  double steady_ms() const {
-    std::vector<double> later(step_ms.begin() + (step_ms.size() > 1 ? 1 : 0), step_ms.end());
+  // test UNet: about 3 s for its first call, 3 ms later) and ddo's first step learns the fetch
+  // order, so the steady state is the median of the steps after the first `warmup` (all of them
+  // when there are no more; the upper middle one for an even count), as trace_diffusers.py's
+  // steady_ms computes it.
+  double steady_ms(int warmup) const {
+    const auto wanted = static_cast<std::size_t>(warmup);
+    const std::size_t skip = wanted < step_ms.size() ? wanted : 0;
+    std::vector<double> later(step_ms.begin() + static_cast<std::ptrdiff_t>(skip), step_ms.end());
     std::sort(later.begin(), later.end());
     return later[later.size() / 2];
   }
@@ -244,16 +256,20 @@ int main(int argc, char** argv) {
       const nlohmann::json offload_report = offload->report();
       std::printf(
           "\n== %s: attach %.3f s, %d steps in %.3f s (first %.1f ms, then %.1f ms/step)\n%s",
-          phase, attach_s, args.steps, p.seconds, p.step_ms.front(), p.steady_ms(),
+          phase, attach_s, args.steps, p.seconds, p.step_ms.front(), p.steady_ms(args.warmup),
           offload->summary().c_str());
       std::printf("profile report: %s\n", profile.dump().c_str());
       t0 = std::chrono::steady_clock::now();
       offload.reset();  // the model's tensors are ordinary again
       const double release_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      report[phase] = {{"attach_s", attach_s},     {"loop_s", p.seconds},
-                       {"step_ms", p.step_ms},     {"steady_ms_per_step", p.steady_ms()},
-                       {"release_s", release_s},   {"profile", profile},
+      report[phase] = {{"attach_s", attach_s},
+                       {"loop_s", p.seconds},
+                       {"step_ms", p.step_ms},
+                       {"first_ms", p.step_ms.front()},
+                       {"steady_ms_per_step", p.steady_ms(args.warmup)},
+                       {"release_s", release_s},
+                       {"profile", profile},
                        {"offload", offload_report}};
       outputs.insert(std::string(phase) + ".first", p.first.cpu());
       outputs.insert(std::string(phase) + ".latents", p.latents.cpu());
@@ -261,10 +277,12 @@ int main(int argc, char** argv) {
     if (!cuda) outputs.insert("restored", forward(model, in, in.tensors[in.latents]));
     report["model_class"] = ddo::adapter::module_class_name(model);
     report["steps"] = args.steps;
+    report["warmup"] = args.warmup;
+    report["load_s"] = load_s;
     std::printf(
-        "\ntimings (median of the steps after the first): calibrate %.1f ms/step, reuse "
+        "\ntimings (median of the steps after the first %d): calibrate %.1f ms/step, reuse "
         "%.1f ms/step\n",
-        report["calibrate"]["steady_ms_per_step"].get<double>(),
+        args.warmup, report["calibrate"]["steady_ms_per_step"].get<double>(),
         report["reuse"]["steady_ms_per_step"].get<double>());
 
     if (!args.out.empty()) {
