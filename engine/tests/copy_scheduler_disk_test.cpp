@@ -687,6 +687,8 @@ TEST(DiskTierSim, HostUnitsOnlyStartNoReaderAndPinNoRing) {
   o.scheduler = window(64 << 10);
   o.pinnable_bytes = 0;  // any allocate_host would fail
   DiskRig r("sim", o);
+  // ThreadSanitizer starts a background thread with the first thread the program creates.
+  std::thread([] {}).join();
   const int before = thread_count();
   ASSERT_TRUE(r.scheduler->finalize().ok());
   EXPECT_EQ(thread_count(), before + 1);  // the simulated copy stream's worker only
