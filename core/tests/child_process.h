@@ -1,6 +1,8 @@
 // Child processes for tests that need more than one process: writers racing for a file lock, a
 // writer killed before its rename, the pid of a process that has exited. One shape on every
-// platform: a named child function, started in a new process with string arguments.
+// platform: a named child function, started in a new process with string arguments. And
+// run_program(), for tests that run a built program as a user does (the `ddo` command) and read
+// what it printed. Every test program has this folder on its include path (ddo_add_test).
 //
 //   DDO_TEST_CHILD(save_once) {             // int save_once(const std::vector<std::string>& args)
 //     ... open the store in args[0], save ...
@@ -15,6 +17,8 @@
 // and exits, so the child never runs a test. Its stdout (GoogleTest's banner) goes to NUL.
 #pragma once
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -158,6 +162,36 @@ inline ChildProcess start_child(const std::string& name, const std::vector<std::
   child.pid_ = static_cast<long>(pid);
 #endif
   return child;
+}
+
+/// What run_program() saw.
+struct ProgramResult {
+  int exit_code = -1;  ///< the program's exit code; -1 when it ended by a signal or did not start
+  std::string output;  ///< what it wrote to standard output
+};
+
+/// Runs `command` through the shell, waits for it and captures its standard output; a command
+/// that ends in " 2>&1" captures standard error too.
+inline ProgramResult run_program(const std::string& command) {
+  ProgramResult result;
+#ifdef _WIN32
+  std::FILE* pipe = ::_popen(command.c_str(), "rb");
+#else
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+#endif
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  std::size_t got = 0;
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
+    result.output.append(buffer.data(), got);
+  }
+#ifdef _WIN32
+  result.exit_code = ::_pclose(pipe);
+#else
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+#endif
+  return result;
 }
 
 /// The id of a process that has exited and been waited for: an owner that is certainly gone.

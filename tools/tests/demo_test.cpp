@@ -2,40 +2,25 @@
 // some blocks resident, so the second run streams less and its copies take less time, and its
 // output says so; its profiles stay apart from ~/.ddo/profiles. Runs the built program
 // (DDO_PROGRAM, set by tools/CMakeLists.txt) as a user does.
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "child_process.h"
+
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
+using Result = ddo::testing::ProgramResult;
 
 // Runs `env -u DDO_PROFILE_DIR <env> ddo <args>`: stdout only (the JSON), or with stderr.
 Result run_ddo(const std::string& env, const std::string& args, bool with_stderr = false) {
-  const std::string command = "env -u DDO_PROFILE_DIR -u DDO_SIM_COPY_GBPS " + env + " '" +
-                              DDO_PROGRAM + "' " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  Result result;
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  std::size_t got = 0;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    result.output.append(buffer.data(), got);
-  }
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return ddo::testing::run_program("env -u DDO_PROFILE_DIR -u DDO_SIM_COPY_GBPS " + env + " '" +
+                                   DDO_PROGRAM + "' " + args +
+                                   (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 class DemoTest : public ::testing::Test {

@@ -1,11 +1,9 @@
 // The `ddo` program (tools/cli) as a user runs it: its errors name what was wrong and what to do,
 // and `ddo demo` takes its preset like every entry point (--preset, else DDO_PRESET, else auto).
 // Runs the program built beside this test (<build>/tools/ddo); skips, saying so, without it.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "child_process.h"
 #include "ddo/engine/device.h"
 #include "test_util.h"
 
@@ -31,26 +30,12 @@ fs::path ddo_program() {
          "tools" / "ddo";
 }
 
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
+using Result = ddo::testing::ProgramResult;
 
 // Runs `ddo <args>` with `env` (NAME=value words) added; stdout, and stderr when `with_stderr`.
 Result run_ddo(const std::string& env, const std::string& args, bool with_stderr = true) {
-  const std::string command = "env " + env + " '" + ddo_program().string() + "' " + args +
-                              (with_stderr ? " 2>&1" : " 2>/dev/null");
-  Result result;
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  std::size_t got = 0;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    result.output.append(buffer.data(), got);
-  }
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return ddo::testing::run_program("env " + env + " '" + ddo_program().string() + "' " + args +
+                                   (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 class CliTest : public ::testing::Test {
