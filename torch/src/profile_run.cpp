@@ -22,7 +22,11 @@ namespace internal {
 // also what Offload's destructor and error paths call (they must restore the model and cannot
 // throw), and a host that removes the model mid-region, e.g. while handling its own error,
 // needs the model restored more than it needs the measurement. A region that ends normally
-// after remove() throws kFailedPrecondition saying so; an aborted one is already not saved.
+// after remove() throws kFailedPrecondition saying so. An aborted one is already not saved and
+// ends quietly: it is aborted because an exception is on its way to the host (the callable form
+// rethrows it after abort()), and that exception says what failed. Throwing the remove()
+// complaint from abort() replaced it, so a copy that failed on the device reached the host as
+// "removed inside the region" (fault_injection_torch_test); the report notes both instead.
 // Regions that do not measure (kNone) have nothing to protect and end as before.
 
 std::unique_ptr<RegionState> open_region(OffloadState& offload) {
@@ -92,7 +96,9 @@ nlohmann::json close_region(RegionState& region, bool normally) {
   }
   core::ProfileReport report;
   Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);
-  if (saved.ok() && removed_inside) {
+  if (removed_inside && !normally) {
+    report.notes.push_back("remove() was called inside the region");
+  } else if (saved.ok() && removed_inside) {
     saved = Status(Code::kFailedPrecondition,
                    fmt::format("the offload was removed (remove()) inside the profile_run() region "
                                "of profile '{}', so the region did not measure the offloaded "
