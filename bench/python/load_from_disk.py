@@ -9,6 +9,11 @@ random bf16 weights) to --dir with ``save_pretrained`` (sharded), then, each in 
   ddo           from_pretrained_with_dynamic_offload(apply_dynamic=True) at each --caps GiB
                 (vram_cap_gb), cold and warm page cache: setup seconds, load GB/s, peak RSS, and
                 --steps timed steps after a warm-up step
+  ddo_disk      the same load with host RAM capped at --host-ram-cap GiB (host_ram_cap_gb): the
+                planner's disk tier leaves the rest in the files and the copy scheduler reads it
+                every step into a pinned ring (Note [Disk tier]); steps with a warm page cache and
+                with these files dropped from it before every step ("cold"), against the bound
+                max(the host-tier row's step at the same cap, disk bytes / disk bandwidth)
   diffusers     FluxTransformer2DModel.from_pretrained + enable_group_offload (block level, one
                 block per group, streams), warm page cache: setup seconds, peak RSS, steps
 
@@ -149,9 +154,12 @@ def child(args) -> dict:
     w1_py.reset_host_peak()
     rss0, _ = w1_py.host_rss_gib()
     t0 = time.perf_counter()
-    if args.child == "ddo":
+    if args.child in ("ddo", "ddo_disk"):
         # W1-py's ddo rows: preset one_shot_fast, the cap through its DDO_ variable.
         os.environ["DDO_VRAM_CAP_GB" if cuda else "DDO_SIM_DEVICE_GB"] = str(args.cap)
+        if args.child == "ddo_disk":
+            os.environ["DDO_HOST_RAM_CAP_GB"] = str(args.host_ram_cap)
+            row["host_ram_cap_gib"] = args.host_ram_cap
         loaded = ddo.from_pretrained_with_dynamic_offload(
             args.dir, model_loader=FluxTransformer2DModel, apply_dynamic=True,
             preset="one_shot_fast", execution_device=args.device, dtype=torch.bfloat16,
@@ -179,6 +187,28 @@ def child(args) -> dict:
     rss1, hwm = w1_py.host_rss_gib()
     row["peak_rss_gib"] = hwm - rss0 if hwm is not None and rss0 is not None else None
     row["rss_after_setup_gib"] = rss1 - rss0 if rss1 is not None and rss0 is not None else None
+    if args.child == "ddo_disk":
+        run0 = loaded.report()["run"]
+        first, times, finite = w1_py.run_steps(model, inputs, args.steps, cuda)
+        row.update(first_step_s=first, step_s=sorted(times)[len(times) // 2], finite=finite)
+        run1 = loaded.report()["run"]
+        row["disk_bytes_per_step"] = (run1["disk_bytes_read"] - run0["disk_bytes_read"]) / (
+            args.steps + 1)
+        # The same model with the files dropped from the page cache before every step.
+        cold = []
+        with torch.no_grad():
+            for _ in range(args.steps):
+                drop_cache(args.dir)
+                w1_py.sync(cuda)
+                t = time.perf_counter()
+                model(**inputs, return_dict=False)
+                w1_py.sync(cuda)
+                cold.append(time.perf_counter() - t)
+        row["cold_step_s"] = sorted(cold)[len(cold) // 2]
+        run2 = loaded.report()["run"]
+        row["disk_waits"] = run2["disk_waits"]
+        row["disk_wait_ms"] = run2["disk_wait_ms"]
+        return row
     first, times, finite = w1_py.run_steps(model, inputs, args.steps, cuda)
     row.update(first_step_s=first, step_s=sorted(times)[len(times) // 2], finite=finite)
     return row
@@ -190,7 +220,7 @@ def run_child(args, route: str, cap: float, cache: str) -> dict:
     cached = cached_fraction(args.dir)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", route, "--cap", str(cap),
            "--cache", cache, "--dir", args.dir, "--size", args.size, "--device", args.device,
-           "--steps", str(args.steps)]
+           "--steps", str(args.steps), "--host-ram-cap", str(args.host_ram_cap)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
     if out.returncode != 0:
@@ -229,7 +259,9 @@ def parse_args(argv=None):
     p.add_argument("--caps", default="8,16")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--shard-size", default="5GB")
-    p.add_argument("--routes", default="ddo,diffusers")
+    p.add_argument("--routes", default="ddo,diffusers,ddo_disk")
+    p.add_argument("--host-ram-cap", type=float, default=16.0,
+                   help="GiB of host RAM for the ddo_disk rows (DDO_HOST_RAM_CAP_GB)")
     p.add_argument("--keep", action="store_true", help="reuse a model already in --dir")
     p.add_argument("--out")
     p.add_argument("--commit")
@@ -271,6 +303,22 @@ def main(argv=None) -> int:
         save()
         for cap in caps:
             result["rows"].append(run_child(args, "ddo", cap, "warm"))
+            save()
+    if "ddo_disk" in routes:
+        host_steps = {r["cap_gib"]: r.get("step_s") for r in result["rows"]
+                      if r.get("route") == "ddo" and r.get("cache") == "warm"}
+        for cap in caps:
+            row = run_child(args, "ddo_disk", cap, "warm")
+            # The bound: the host tier's step at this cap (compute or PCIe), or the disk reads.
+            disk = row.get("disk_bytes_per_step")
+            if disk is not None:
+                for cache, bw in (("warm", result["disk"]["warm"]["gbps"]),
+                                  ("cold", result["disk"]["cold"]["gbps"])):
+                    step = row.get("step_s" if cache == "warm" else "cold_step_s")
+                    bound = max(host_steps.get(cap) or 0.0, disk / (bw * GB))
+                    row[f"bound_{cache}_s"] = bound
+                    row[f"efficiency_{cache}"] = bound / step if step else None
+            result["rows"].append(row)
             save()
     if "diffusers" in routes and cuda:
         result["rows"].append(run_child(args, "diffusers", 0.0, "warm"))

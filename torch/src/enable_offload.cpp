@@ -174,10 +174,8 @@ std::string normalize_device_name(const std::string& device) {
     const std::string p(prefix);
     if (device == p) return p + ":0";
     if (device.rfind(p + ":", 0) == 0) {
-      const std::string index = device.substr(p.size() + 1);
-      DDO_CHECK(!index.empty() && index.find_first_not_of("0123456789") == std::string::npos,
-                Code::kInvalidArgument, "execution_device \"", device,
-                "\" has a bad index; write e.g. ", p, ":0");
+      // The one index rule (core::check_device_index): digits, 0 to kMaxDeviceIndex.
+      throw_if_error(core::check_device_index("execution_device", device));
       return device;
     }
   }
@@ -191,7 +189,11 @@ std::string normalize_device_name(const std::string& device) {
 namespace {
 int device_index(const std::string& normalized) {
   const auto colon = normalized.find(':');
-  return colon == std::string::npos ? 0 : std::stoi(normalized.substr(colon + 1));
+  if (colon == std::string::npos) return 0;
+  // normalize_device_name checked the digits and the range (core::check_device_index).
+  int index = 0;
+  for (const char c : normalized.substr(colon + 1)) index = index * 10 + (c - '0');
+  return index;
 }
 }  // namespace
 
@@ -589,6 +591,9 @@ void apply_plan(OffloadState& s, int pin_workers) {
     std::vector<std::size_t> offsets;  // byte offsets inside the unit
     std::size_t bytes = 0;
     bool pinned = false;
+    // Read from the checkpoint every step (the planner's disk tier); only when every tensor of
+    // the unit comes from the file.
+    bool disk = false;
     std::size_t module = 0;  // the module of its first tensor
   };
   std::vector<UnitLayout> units;
@@ -596,9 +601,11 @@ void apply_plan(OffloadState& s, int pin_workers) {
   for (const core::StreamUnit& su : plan.stream_units) {
     UnitLayout u;
     if (!su.tensors.empty()) u.module = su.tensors.front().module;
+    u.disk = su.tier == "disk" && s.weights != nullptr;
     for (const core::TensorRef& ref : su.tensors) {
       const int id = replaced_of[ref.module][ref.tensor];
       if (id < 0 || s.replaced[id].tied_to >= 0) continue;
+      u.disk = u.disk && s.replaced[id].from_file;
       u.offsets.push_back(u.bytes);
       u.ids.push_back(id);
       u.bytes += align_up(span_bytes(s.replaced[id].handle), kTensorAlignment);
@@ -627,15 +634,28 @@ void apply_plan(OffloadState& s, int pin_workers) {
         streamed_ids.push_back(units[ui].ids[k]);
       }
     }
-    if (config.cache_pinned_weights) {
+    std::size_t disk_bytes = 0;
+    for (const UnitLayout& u : units) {
+      rt->unit_on_disk.push_back(u.disk);
+      if (u.disk) disk_bytes = std::max(disk_bytes, u.bytes);
+    }
+    char* disk_base = nullptr;
+    if (disk_bytes > 0) rt->disk_backing = placeholder_span(disk_bytes, &disk_base);
+    const bool any_disk = disk_base != nullptr;
+    // The pinned-weight cache keeps slabs; disk-tier units have none, so it stays out of the way.
+    if (config.cache_pinned_weights && any_disk) s.setup.weight_cache = "off: disk tier";
+    if (config.cache_pinned_weights && !any_disk) {
       std::shared_ptr<CachedWeights> cached = take_matching_cache_entry(s, streamed_ids);
       s.setup.weight_cache = cached ? "hit" : "miss";
       if (cached) rt->slabs = cached->slabs;
     }
     if (!rt->slabs) {
       std::vector<engine::SlabTensor> slab_tensors;
+      // A disk-tier unit takes no slab bytes (its entry is empty; HostSlabs skips it).
       for (const UnitLayout& u : units)
-        slab_tensors.push_back({u.bytes, u.pinned && s.settings.pin_effective});
+        slab_tensors.push_back(
+            u.disk ? engine::SlabTensor{0, false}
+                   : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
       engine::HostSlabOptions slab_options;
       slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
       // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
@@ -660,6 +680,9 @@ void apply_plan(OffloadState& s, int pin_workers) {
           std::max(request.largest_unit_bytes, static_cast<std::int64_t>(u.bytes));
       request.streamed_bytes += static_cast<std::int64_t>(u.bytes);
     }
+    auto unit_data = [&](std::size_t ui) -> char* {
+      return units[ui].disk ? disk_base : static_cast<char*>(rt->slabs->tensor_ptr(ui));
+    };
     request.window_bytes = core::to_bytes_or_throw(config.prefetch_window_mb, core::ByteUnit::kMiB,
                                                    "prefetch_window_mb");
     request.staging_bytes =
@@ -672,6 +695,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
     so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);
     so.window_bytes = static_cast<std::size_t>(staging.window_bytes);
     so.use_side_stream = s.settings.side_streams_effective;
+    so.disk_ring_bytes = static_cast<std::size_t>(plan.disk_ring_bytes);
     rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
     rt->scheduler = rt->scheduler_owner.get();
     {
@@ -703,7 +727,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
       for (const auto& [ui, k] : pending) {
         const UnitLayout& u = units[ui];
         ReplacedTensor& r = s.replaced[u.ids[k]];
-        char* data = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
+        char* data = unit_data(ui) + u.offsets[k];
         at::Tensor managed =
             make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
                                 r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
@@ -726,6 +750,12 @@ void apply_plan(OffloadState& s, int pin_workers) {
         const ReplacedTensor& r = s.replaced[u.ids[k]];
         const at::Tensor& h = r.handle;
         s.setup.streamed_bytes += h.numel() * h.element_size();
+        if (u.disk) {
+          // Stays in the file; the scheduler reads it every step (no bytes now).
+          s.setup.disk_bytes += h.numel() * h.element_size();
+          pending.emplace_back(ui, k);
+          continue;
+        }
         char* dst = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
         if (r.from_file) {
           reads.push_back({r.name, dst, h.scalar_type(), h.numel()});
@@ -762,8 +792,23 @@ void apply_plan(OffloadState& s, int pin_workers) {
                                 s.setup.weight_cache_changed_in_place);
     }
     for (std::size_t i = 0; i < units.size(); ++i) {
-      const int id =
-          rt->scheduler->add(rt->slabs->tensor_ptr(i), units[i].bytes, rt->slabs->tensor_pinned(i));
+      const UnitLayout& u = units[i];
+      int id = -1;
+      if (u.disk) {
+        // The unit's tensors at their offsets, read by the scheduler's reader threads.
+        std::vector<WeightSource::Read> reads;
+        for (std::size_t k = 0; k < u.ids.size(); ++k) {
+          const ReplacedTensor& r = s.replaced[u.ids[k]];
+          reads.push_back({r.name, reinterpret_cast<void*>(u.offsets[k]), r.handle.scalar_type(),
+                           r.handle.numel()});
+        }
+        id = rt->scheduler->add_from_reader(
+            u.bytes, [source = s.weights, reads = std::move(reads)](void* dst) {
+              return source->read_unit(reads, static_cast<char*>(dst));
+            });
+      } else {
+        id = rt->scheduler->add(rt->slabs->tensor_ptr(i), u.bytes, rt->slabs->tensor_pinned(i));
+      }
       DDO_ASSERT(id == static_cast<int>(i), "scheduler unit ids must follow add() order");
     }
     const engine::HostSlabStats& hs = rt->slabs->stats();
@@ -785,6 +830,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
     t0 = Clock::now();
     throw_if_error(rt->scheduler->finalize());
     s.setup.staging_bytes = static_cast<std::int64_t>(rt->scheduler->staging_bytes());
+    s.setup.disk_ring_bytes = rt->scheduler->stats().disk_ring_bytes;
     s.setup.moves_seconds += seconds_since(t0);
     s.runtime = std::move(rt);
   }
@@ -839,6 +885,9 @@ std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep
   if (!keep || !s.settings.config.cache_pinned_weights || !s.runtime || !s.runtime->slabs) {
     return nullptr;
   }
+  for (const bool on_disk : s.runtime->unit_on_disk) {
+    if (on_disk) return nullptr;  // a disk-tier unit has no slab to keep
+  }
   for (const ReplacedTensor& r : s.replaced) {
     if (r.unit >= 0 && r.tied_to < 0 && !r.original_device.is_cpu()) return nullptr;
   }
@@ -889,6 +938,12 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
       restored[i] = r.handle.detach();
       kept_on_device_bytes += static_cast<std::int64_t>(span_bytes(r.handle));
       remember_kept_on_device(restored[i]);
+    } else if (r.unit >= 0 && runtime && runtime->unit_on_disk[static_cast<std::size_t>(r.unit)] &&
+               weights) {
+      // Disk tier: the weight was never in host memory; the model the host gets back reads it
+      // from the checkpoint once more, into an ordinary CPU tensor.
+      restored[i] = weights->read_cpu(r.name, r.handle, record_event);
+      if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
     } else if (entry && r.unit >= 0) {
       // Stays in its slab region, now owned by the cache and this view together.
       char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
@@ -928,6 +983,7 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
   replaced.clear();
   runtime.reset();
   counting.reset();
+  weights.reset();  // the disk tier's files
 }
 
 }  // namespace internal
@@ -1034,6 +1090,8 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   ctx.available_ram_bytes = s->settings.available_ram_bytes();
   ctx.calibrating = s->prepared.region == core::RegionAction::kCalibrate;
   ctx.pin_allowed = !(s->settings.wsl && config.disable_pin_on_wsl);
+  // The loader's weights can be read again each step: the planner may leave some in the file.
+  ctx.weights_in_file = s->weights != nullptr;
   if (s->prepared.resident_budget_gb && !ctx.calibrating &&
       s->prepared.report.budget_source.value_or("") != "manual") {
     ctx.profile_budget_bytes =
@@ -1102,7 +1160,9 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
       s->setup.load_seconds = s->weights->seconds();
     }
   }
-  s->weights.reset();  // closes the files
+  // Closes the files, unless the disk tier reads from them every step (and remove() reads its
+  // weights back from them).
+  if (s->setup.disk_bytes == 0 || !s->active) s->weights.reset();
   s->setup.total_seconds = internal::seconds_since(start);
   internal::emit(*s, "setup", s->setup.total_seconds,
                  {{"device", s->device_name}, {"preset", s->settings.effective_preset}});
@@ -1249,7 +1309,11 @@ nlohmann::json Offload::report() const {
         {"seconds", f.load_seconds},
         {"gbps",
          f.load_seconds > 0 ? static_cast<double>(f.load_bytes) / f.load_seconds / 1e9 : 0.0},
-        {"tier", "host"}};
+        // "host": every streamed unit in host memory; "host+disk": some read every step from
+        // the files (the planner's disk tier, decision disk_tier).
+        {"tier", f.disk_bytes > 0 ? "host+disk" : "host"},
+        {"disk_bytes", f.disk_bytes},
+        {"disk_ring_bytes", f.disk_ring_bytes}};
   }
   r["modules_patched"] = f.modules_patched;
   r["resident_modules"] = s.plan.resident_module_names();
@@ -1276,6 +1340,9 @@ nlohmann::json Offload::report() const {
     run["relearns"] = st.relearns;
     run["trace_length"] = st.trace_length;
     run["peak_in_flight_bytes"] = st.peak_in_flight_bytes;
+    run["disk_bytes_read"] = st.disk_bytes_read;
+    run["disk_waits"] = st.disk_waits;
+    run["disk_wait_ms"] = st.disk_wait_ms;
   }
   if (s.probe) {
     const MemorySnapshot snap = s.probe->snapshot();

@@ -131,6 +131,12 @@ at::Tensor make_placeholder(at::IntArrayRef sizes, at::ScalarType dtype) {
                                    &placeholder_deleter);
 }
 
+std::shared_ptr<void> placeholder_span(std::size_t bytes, char** base) {
+  std::shared_ptr<PlaceholderRegion> region = region_for(bytes);
+  *base = static_cast<char*>(region->base);
+  return region;
+}
+
 bool is_placeholder(const at::Tensor& t) {
   return internal::has_deleter(t, &placeholder_deleter);
 }
@@ -299,6 +305,27 @@ void WeightSource::read(const std::vector<Read>& reads, const RecordEvent& event
     done_bytes_ += t.bytes;
   }
   report(events, false);
+}
+
+Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const {
+  for (const Read& r : reads) {
+    const core::CheckpointTensor& t = find(r.name);
+    char* dst = base + reinterpret_cast<std::uintptr_t>(r.dst);
+    if (to_scalar_type(t.dtype) == r.dtype) {
+      DDO_RETURN_IF_ERROR(reader_->read(t, 0, dst, t.bytes));
+      continue;
+    }
+    try {
+      at::Tensor raw = at::empty(t.shape, at::TensorOptions().dtype(to_scalar_type(t.dtype)));
+      DDO_RETURN_IF_ERROR(reader_->read(t, 0, raw.data_ptr(), t.bytes));
+      at::from_blob(dst, {r.numel}, at::TensorOptions().dtype(r.dtype)).copy_(raw.reshape(-1));
+    } catch (const std::exception& e) {
+      return Status(Code::kInternal,
+                    fmt::format("converting '{}' from the file's {} failed: {}", r.name,
+                                core::tensor_dtype_name(t.dtype), e.what()));
+    }
+  }
+  return {};
 }
 
 at::Tensor WeightSource::read_cpu(const std::string& name, const at::Tensor& like,

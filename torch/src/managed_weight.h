@@ -61,6 +61,11 @@ struct StreamRuntime {
   // Shared with the pinned-weight cache (Note [Pinned-weight cache] in weight_cache.cpp); the
   // pointer keeps the device that pinned the slabs alive.
   std::shared_ptr<engine::HostSlabs> slabs;
+  // Disk-tier units (Note [Disk tier] in copy_scheduler.cpp): true where a unit's bytes are read
+  // from the checkpoint every step instead of living in a slab. Their managed storages point
+  // into `disk_backing` (placeholder address space, never read by a served op).
+  std::vector<bool> unit_on_disk;
+  std::shared_ptr<void> disk_backing;
   std::unique_ptr<engine::CopyScheduler> scheduler_owner;
   std::shared_ptr<InterceptionHandle> interception;
 

@@ -66,6 +66,8 @@ struct SetupFigures {
   std::int64_t load_bytes = 0;       // read from the checkpoint by the loader (loader.h)
   double load_seconds = 0.0;         // from the first read to the last
   std::string load_path;             // the checkpoint; "" when the model brought its weights
+  std::int64_t disk_bytes = 0;       // streamed bytes left in the files (the disk tier)
+  std::int64_t disk_ring_bytes = 0;  // the scheduler's pinned ring for them
 };
 
 struct OffloadState {

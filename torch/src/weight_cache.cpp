@@ -219,7 +219,11 @@ std::string plan_cache_key(const core::ModelInventory& inventory,
       {"all_block_lists", ctx.all_block_lists},
       {"candidate_compute_ms", ctx.candidate_compute_ms},
       {"ram_known", ctx.available_ram_bytes.has_value()},
-      {"resident_budget_origin", ctx.resident_budget_origin}};
+      {"resident_budget_origin", ctx.resident_budget_origin},
+      {"weights_in_file", ctx.weights_in_file}};
+  // With the weights in a file the detected RAM decides which units stay on disk (decision
+  // disk_tier), so it is part of the plan.
+  if (ctx.weights_in_file && ctx.available_ram_bytes) key["ram_bytes"] = *ctx.available_ram_bytes;
   return key.dump();
 }
 

@@ -38,6 +38,10 @@ class WeightSource {
 
   // Reads `reads` on the configured workers; reports progress through `events` ("load").
   void read(const std::vector<Read>& reads, const RecordEvent& events);
+  // One disk-tier unit's tensors (Note [Disk tier] in copy_scheduler.cpp): read `reads` (their
+  // `dst` are offsets from `base`) into `base`, converting dtypes where the file differs. Called on
+  // the copy scheduler's reader threads every step: thread-safe, no progress events, no counters.
+  Status read_unit(const std::vector<Read>& reads, char* base) const;
   // A fresh contiguous CPU tensor holding `name` as `like` looks (sizes, dtype).
   at::Tensor read_cpu(const std::string& name, const at::Tensor& like, const RecordEvent& events);
   // Emits the final "load" event (bytes, seconds, GB/s).
@@ -75,6 +79,10 @@ void retype_placeholders(ModuleTree& tree, std::optional<at::ScalarType> dtype);
 // Reads every tensor of `tree` that `source` holds into CPU memory: placeholders get fresh
 // tensors, other tensors are overwritten in place.
 void materialize(const ModuleTree& tree, WeightSource& source, const RecordEvent& events);
+
+// `bytes` of read-only address space that reads as zeros and costs no memory (Note
+// [Placeholders]): where a disk-tier unit's managed storages point. The result keeps it mapped.
+std::shared_ptr<void> placeholder_span(std::size_t bytes, char** base);
 
 // The module's full name of a tensor slot ("blocks.0.attn.to_q.weight").
 std::string slot_name(const ModuleEntry& entry, const TensorSlot& slot);

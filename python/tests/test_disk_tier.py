@@ -1,0 +1,197 @@
+"""The disk tier (issue 16): with a host RAM cap below the streamed weights, the loader leaves part
+of the model in its safetensors files and the copy scheduler reads those units every step into a
+pinned ring, ahead of the device copies (Note [Disk tier] in engine/src/copy_scheduler.cpp). On the
+sim device: the same outputs as the library's own load, the report says which bytes come from
+disk, remove() gives the host a complete model, and a load's peak RSS stays near the cap instead
+of the model."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import ddo
+from conftest import STREAM_ALL
+
+diffusers = pytest.importorskip("diffusers")
+STREAM = dict(STREAM_ALL, execution_mode="linear_runtime")
+GIB = 1 << 30
+
+
+def tiny_flux():
+    return diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=2, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+    ).eval()
+
+
+def flux_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        hidden_states=torch.randn(1, 16, 4, generator=g),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        pooled_projections=torch.randn(1, 32, generator=g),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.zeros(16, 3),
+        txt_ids=torch.zeros(8, 3),
+    )
+
+
+@pytest.fixture(scope="module")
+def flux_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flux-disk")
+    model = tiny_flux()
+    model.save_pretrained(root, max_shard_size="60KB")
+    streamed = sum(p.numel() * p.element_size() for p in model.parameters())
+    return root, streamed
+
+
+def load(path, **config):
+    return ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=dict(STREAM, **config),
+    )
+
+
+@torch.no_grad()
+def test_capped_load_streams_part_from_disk_with_the_same_outputs(flux_dir):
+    path, streamed = flux_dir
+    library = diffusers.FluxTransformer2DModel.from_pretrained(path).eval()
+    cap_gb = streamed * 0.6 / GIB
+    loaded = load(path, host_ram_cap_gb=cap_gb)
+    report = loaded.report()
+    plan = report["setup"]["load"]
+    assert plan["tier"] == "host+disk", report["setup"]
+    assert 0 < plan["disk_bytes"] < streamed
+    names = [d["name"] for d in report["decisions"]]
+    assert "disk_tier" in names, names
+    # Host RAM held for weights: the slabs plus the ring, within the cap.
+    setup = report["setup"]
+    held = setup["pinned_bytes"] + setup["pageable_bytes"] + plan["disk_ring_bytes"]
+    assert held <= cap_gb * GIB + 4096 * setup["stream_units"], (held, cap_gb * GIB)
+    steps = 3
+    for seed in range(steps):
+        expected = library(**flux_inputs(seed)).sample
+        torch.testing.assert_close(loaded.module(**flux_inputs(seed)).sample, expected,
+                                   rtol=1e-5, atol=1e-6)
+    run = loaded.report()["run"]
+    # Every step reads the disk-tier units again (none of them lives in host memory).
+    assert run["disk_bytes_read"] >= steps * plan["disk_bytes"], run
+    loaded.offload.remove()
+    # The host gets a complete model back: the disk-tier weights are read from the files again.
+    for (name, a), (_, b) in zip(loaded.module.state_dict().items(),
+                                 library.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+@torch.no_grad()
+def test_without_a_cap_nothing_streams_from_disk(flux_dir):
+    path, _ = flux_dir
+    loaded = load(path)
+    load_report = loaded.report()["setup"]["load"]
+    assert load_report["tier"] == "host"
+    assert load_report["disk_bytes"] == 0
+    loaded.module(**flux_inputs(0))
+    assert loaded.report()["run"]["disk_bytes_read"] == 0
+    loaded.offload.remove()
+
+
+@torch.no_grad()
+def test_cap_on_weights_already_in_memory_is_reported_not_enforced(flux_dir):
+    path, streamed = flux_dir
+    model = diffusers.FluxTransformer2DModel.from_pretrained(path).eval()
+    expected = model(**flux_inputs(0)).sample
+    offload = ddo.enable_offload(model, host_ram_cap_gb=streamed * 0.5 / GIB, **STREAM)
+    report = offload.report()
+    assert "host_ram_cap_unmet" in [d["name"] for d in report["decisions"]]
+    torch.testing.assert_close(model(**flux_inputs(0)).sample, expected)
+    offload.remove()
+
+
+def test_a_cap_too_small_for_the_ring_names_the_variable(flux_dir):
+    path, _ = flux_dir
+    with pytest.raises(Exception) as info:
+        load(path, host_ram_cap_gb=2e-6)
+    text = str(info.value)
+    assert "host_ram_cap_gb" in text or "DDO_HOST_RAM_CAP_GB" in text, text
+
+
+@torch.no_grad()
+def test_the_environment_variable_caps_host_ram(flux_dir, monkeypatch):
+    path, streamed = flux_dir
+    # Without an explicit config the regular settings loader reads the DDO_ variables (an
+    # explicit dynamic_offload_config does not): stream everything, cap host RAM.
+    for name, value in dict(DDO_HOST_RAM_CAP_GB=repr(streamed * 0.6 / GIB),
+                            DDO_AUTO_BUDGET_POLICY="off", DDO_RESIDENT_MODULE_BUDGET_GB="0",
+                            DDO_ALWAYS_RESIDENT_MODULE_PATTERNS="",
+                            DDO_SMALL_TENSOR_THRESHOLD_KB="0").items():
+        monkeypatch.setenv(name, value)
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        execution_device="sim")
+    assert loaded.report()["setup"]["load"]["tier"] == "host+disk"
+    loaded.offload.remove()
+
+
+_RSS_CHILD = textwrap.dedent(
+    """
+    import sys, torch, ddo, diffusers
+    torch.set_num_threads(1)
+    path, cap = sys.argv[1], float(sys.argv[2])
+
+    def status_kb(field):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak RSS, to the current RSS
+    before = status_kb("VmRSS")
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=dict(execution_device="sim", execution_mode="linear_runtime",
+                                    sim_device_capacity_gb=8.0, auto_budget_policy="off",
+                                    resident_module_budget_gb=0.0,
+                                    always_resident_modules_pattern=[], host_ram_cap_gb=cap))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        loaded.module(
+            hidden_states=torch.randn(1, 16, 64, generator=g),
+            encoder_hidden_states=torch.randn(1, 8, 512, generator=g),
+            pooled_projections=torch.randn(1, 512, generator=g), timestep=torch.tensor([0.5]),
+            img_ids=torch.zeros(16, 3), txt_ids=torch.zeros(8, 3))
+    peak = (status_kb("VmHWM") - before) * 1024
+    setup = loaded.report()["setup"]
+    device = setup["staging_bytes"] + setup["bytes"]["resident"] + setup["bytes"]["move_once"]
+    print(peak, device, setup["load"]["disk_bytes"])
+    """
+)
+
+
+def test_peak_rss_follows_the_cap_not_the_model(tmp_path):
+    # ~200 MB of weights, capped at a quarter: the load and a step hold about the cap.
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=128,
+        num_attention_heads=4, joint_attention_dim=512, pooled_projection_dim=512,
+        axes_dims_rope=[16, 56, 56],
+    )
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    model.save_pretrained(tmp_path, max_shard_size="50MB")
+    del model
+    cap = model_bytes / 4
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(tmp_path), repr(cap / GIB)], capture_output=True,
+        text=True, env=dict(os.environ), check=True,
+    )
+    peak, device, disk = map(int, out.stdout.strip().splitlines()[-1].split())
+    print(f"peak RSS growth {peak / 1e6:.0f} MB with a {cap / 1e6:.0f} MB cap; weights "
+          f"{model_bytes / 1e6:.0f} MB, {disk / 1e6:.0f} MB from disk, sim device "
+          f"{device / 1e6:.0f} MB")
+    assert disk > model_bytes / 2
+    # The cap, the sim device's memory (host memory here) and the interpreter's working memory;
+    # far below the model.
+    assert peak <= cap + device + (64 << 20), (peak, cap, device)
+    assert peak < model_bytes * 0.75 + device
