@@ -1,5 +1,7 @@
 """Tiny models for the tests (random weights, CPU, fp32)."""
 
+import textwrap
+
 import torch
 from torch import nn
 
@@ -39,3 +41,35 @@ def clone_model(model):
 
 def snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def tiny_flux_inputs(seed=2, dtype=torch.float32):
+    """Inputs of the tiny FluxTransformer2DModel the loader tests write (in_channels=4,
+    joint_attention_dim=32): 16 image and 8 text tokens."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        hidden_states=torch.randn(1, 16, 4, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g).to(dtype),
+        pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
+        timestep=torch.tensor([0.5]).to(dtype),
+        img_ids=torch.zeros(16, 3),
+        txt_ids=torch.zeros(8, 3),
+    )
+
+
+# The start of a child process that measures its own peak RSS: status_kb(field) reads
+# /proc/self/status, and `before` is the RSS after VmHWM (the peak) was reset to it.
+RSS_PREAMBLE = textwrap.dedent(
+    """
+    import sys, torch, ddo, diffusers
+    torch.set_num_threads(1)
+
+    def status_kb(field):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak RSS, to the current RSS
+    before = status_kb("VmRSS")
+    """
+)

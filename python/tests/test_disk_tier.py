@@ -15,6 +15,7 @@ import torch
 
 import ddo
 from conftest import STREAM_ALL
+from helpers import RSS_PREAMBLE, tiny_flux_inputs
 
 diffusers = pytest.importorskip("diffusers")
 STREAM = dict(STREAM_ALL, execution_mode="linear_runtime")
@@ -30,15 +31,7 @@ def tiny_flux():
 
 
 def flux_inputs(seed):
-    g = torch.Generator().manual_seed(seed)
-    return dict(
-        hidden_states=torch.randn(1, 16, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3),
-    )
+    return tiny_flux_inputs(seed)
 
 
 @pytest.fixture(scope="module")
@@ -137,19 +130,9 @@ def test_the_environment_variable_caps_host_ram(flux_dir, monkeypatch):
     loaded.offload.remove()
 
 
-_RSS_CHILD = textwrap.dedent(
+_RSS_CHILD = RSS_PREAMBLE + textwrap.dedent(
     """
-    import sys, torch, ddo, diffusers
-    torch.set_num_threads(1)
     path, cap = sys.argv[1], float(sys.argv[2])
-
-    def status_kb(field):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
-
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM, the peak RSS, to the current RSS
-    before = status_kb("VmRSS")
     loaded = ddo.from_pretrained_with_dynamic_offload(
         path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
         dynamic_offload_config=dict(execution_device="sim", execution_mode="linear_runtime",

@@ -14,6 +14,7 @@ import torch
 
 import ddo
 from conftest import STREAM_ALL
+from helpers import RSS_PREAMBLE, tiny_flux_inputs
 
 diffusers = pytest.importorskip("diffusers")
 # An explicit config starts from the spec's defaults (plan mode): ask for the runtime.
@@ -30,15 +31,7 @@ def tiny_flux():
 
 
 def flux_inputs(dtype=torch.float32):
-    g = torch.Generator().manual_seed(2)
-    return dict(
-        hidden_states=torch.randn(1, 16, 4, generator=g).to(dtype),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g).to(dtype),
-        pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
-        timestep=torch.tensor([0.5]).to(dtype),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3),
-    )
+    return tiny_flux_inputs(2, dtype)
 
 
 @pytest.fixture(scope="module")
@@ -250,19 +243,9 @@ def test_shape_mismatch_names_both_shapes(flux_dirs, tmp_path):
 
 # --- memory ------------------------------------------------------------------------------------
 
-_RSS_CHILD = textwrap.dedent(
+_RSS_CHILD = RSS_PREAMBLE + textwrap.dedent(
     """
-    import sys, torch, ddo, diffusers
-    torch.set_num_threads(1)
     path, how = sys.argv[1], sys.argv[2]
-
-    def status_kb(field):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
-
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM, the peak RSS, to the current RSS
-    before = status_kb("VmRSS")
     if how == "ddo":
         loaded = ddo.from_pretrained_with_dynamic_offload(
             path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
