@@ -72,7 +72,9 @@ Measurement measure_peak(const MeasurementInputs& in) {
     m.driver_peak_bytes = std::max(m.driver_peak_bytes, sample);
   }
   m.samples = 2 + static_cast<int>(in.driver_used_samples_bytes.size());
-  m.allocator_peak_reserved_bytes = in.allocator_peak_reserved_bytes;
+  // See Note [Peak rule] in calibration.h for each term.
+  m.allocator_peak_reserved_bytes =
+      std::max(in.allocator_peak_reserved_bytes, in.allocator_reserved_start_bytes);
   m.initial_non_allocator_bytes =
       std::max<std::int64_t>(0, in.driver_used_start_bytes - in.allocator_reserved_start_bytes);
   m.peak_bytes = std::max(m.driver_peak_bytes,

@@ -120,6 +120,66 @@ TEST(MeasurePeakTest, InitialNonAllocatorUsageIsClampedAtZero) {
   EXPECT_EQ(measure_peak(in).peak_bytes, bytes(2.0));
 }
 
+// The adapter's probe once kept its own copy of the rule, with the allocator term bounded below
+// by the reserved bytes at the start and core's without; these inputs tell the two apart.
+
+TEST(MeasurePeakTest, AllocatorPeakIsNeverBelowWhatWasReservedAtTheStart) {
+  // A source whose peak counter restarts at zero, then the region frees most of its cache: the
+  // reported peak (0.25 GiB) is below the 3 GiB the region held at its first instant.
+  MeasurementInputs in;
+  in.driver_used_start_bytes = bytes(3.5);
+  in.allocator_reserved_start_bytes = bytes(3.0);
+  in.allocator_peak_reserved_bytes = bytes(0.25);
+  in.driver_used_end_bytes = bytes(0.75);
+  Measurement m = measure_peak(in);
+  EXPECT_EQ(m.allocator_peak_reserved_bytes, bytes(3.0));  // not the 0.25 the counter said
+  EXPECT_EQ(m.initial_non_allocator_bytes, bytes(0.5));
+  EXPECT_EQ(m.peak_bytes, bytes(3.5));
+  EXPECT_NEAR(m.to_json()["allocator_peak_reserved_gb"].get<double>(), 3.0, 1e-9);
+}
+
+TEST(MeasurePeakTest, ReservedAtTheStartCountsWhenTheDriverReadingLagsBehindIt) {
+  // The driver was read before the allocator grew (readings a moment apart): driver 1 GiB,
+  // reserved 2 GiB, so no memory outside the allocator is assumed. The peak counter restarted at
+  // zero and saw 0.5 GiB; without the lower bound the peak would be the driver's 1.25 GiB,
+  // below the 2 GiB the allocator held when the region began.
+  MeasurementInputs in;
+  in.driver_used_start_bytes = bytes(1.0);
+  in.allocator_reserved_start_bytes = bytes(2.0);
+  in.allocator_peak_reserved_bytes = bytes(0.5);
+  in.driver_used_end_bytes = bytes(1.25);
+  in.driver_used_samples_bytes = {bytes(1.125)};
+  Measurement m = measure_peak(in);
+  EXPECT_EQ(m.driver_peak_bytes, bytes(1.25));
+  EXPECT_EQ(m.initial_non_allocator_bytes, 0);
+  EXPECT_EQ(m.peak_bytes, bytes(2.0));
+  EXPECT_EQ(m.samples, 3);
+}
+
+TEST_F(CalibrationTest, TheSavedRecommendationUsesTheReservedStartAsThePeakFloor) {
+  // 8 GiB card, 1 GiB headroom; a region that began with 5 GiB reserved (the driver read a
+  // moment earlier at 4.5 GiB) and whose peak counter reported 0.5 GiB.
+  ProfileStore s = store();
+  DynamicOffloadConfig config = config_;
+  config.build_profile = true;
+  PreparedProfile prepared = prepare_profile(config, kClass, s, kCard8);
+  ASSERT_EQ(prepared.region, RegionAction::kCalibrate);
+  RegionResult result;
+  result.exited_normally = true;
+  result.inputs.driver_used_start_bytes = bytes(4.5);
+  result.inputs.allocator_reserved_start_bytes = bytes(5.0);
+  result.inputs.allocator_peak_reserved_bytes = bytes(0.5);
+  result.inputs.driver_used_end_bytes = bytes(4.5);
+  ProfileReport report;
+  ASSERT_TRUE(finish_region(prepared, result, s, &report).ok());
+  ASSERT_TRUE(report.peak_vram_gb.has_value());
+  EXPECT_DOUBLE_EQ(*report.peak_vram_gb, 5.0);
+  ASSERT_TRUE(report.resident_budget_gb.has_value());
+  EXPECT_DOUBLE_EQ(*report.resident_budget_gb, 2.0);  // 8 - 5 - 1; without the floor 2.5
+  ASSERT_TRUE(report.measurement.has_value());
+  EXPECT_EQ(report.measurement->allocator_peak_reserved_bytes, bytes(5.0));
+}
+
 TEST(RecommendationMathTest, BudgetIsTotalMinusPeakMinusHeadroomNeverNegative) {
   EXPECT_DOUBLE_EQ(recommend_resident_budget_gb(8, 6, 1), 1.0);
   EXPECT_DOUBLE_EQ(recommend_resident_budget_gb(8, 7.5, 1), 0.0);

@@ -75,21 +75,52 @@ struct MeasurementInputs {
   std::int64_t allocator_peak_reserved_bytes = 0;  ///< after resetting peak counters at the start
 };
 
-/// The conservative peak: max(observed driver usage, allocator peak reserved + the non-allocator
-/// usage seen at the start). The second term counts the allocator cache and the CUDA context
-/// even when no driver sample hit the true peak.
+// Note [Peak rule]
+// ~~~~~~~~~~~~~~~~
+// The peak of a measured region is the larger of two estimates, each of which can fall short:
+//
+//   driver_peak    = max(driver used at the start, at the end, and every sample in between)
+//   allocator_peak = max(allocator peak reserved, allocator reserved at the start)
+//   non_allocator  = max(0, driver used at the start - allocator reserved at the start)
+//   peak           = max(driver_peak, allocator_peak + non_allocator)
+//
+// The driver's figure (cudaMemGetInfo total - free; on the simulation the arena plus counted CPU
+// tensors) sees everything on the device, the CUDA context, library workspaces, other processes,
+// but only at the instants it is read: an activation that lives 3 ms between two 2 ms samples
+// escapes it. The allocator's peak counter misses no allocation but sees only the allocator, so
+// the memory outside it is added as it stood when the region began (assumed constant; what
+// changes outside the allocator mid-region is caught by samples alone). Reserved bytes include
+// the allocator's cache, which keeps the estimate conservative.
+//
+// The allocator peak is at least what was reserved at the start: the counters are reset to the
+// current values, so the region's peak includes its first instant. A source whose reset goes to
+// zero, or two readings taken a moment apart (driver below reserved at the start, so that
+// non_allocator clamps to 0), would otherwise report a peak below memory the region held.
+//
+// This is the one copy of the rule: the torch adapter's MemoryProbe (combine_measurement)
+// calls measure_peak with its readings. docs/design/0002-measurement.md gives the background.
+
+/// The figures of a region and its conservative peak; see Note [Peak rule].
 struct Measurement {
-  std::int64_t driver_peak_bytes = 0;              ///< max of the driver readings
-  std::int64_t allocator_peak_reserved_bytes = 0;  ///< the allocator's peak over the region
+  std::int64_t driver_peak_bytes = 0;  ///< max of the driver readings
+  /// The allocator's peak over the region, never below its reserved bytes at the start.
+  std::int64_t allocator_peak_reserved_bytes = 0;
   /// Driver used - allocator reserved at start, >= 0.
   std::int64_t initial_non_allocator_bytes = 0;
-  std::int64_t peak_bytes = 0;  ///< the conservative peak (see above)
+  std::int64_t peak_bytes = 0;  ///< the conservative peak (Note [Peak rule])
   int samples = 0;              ///< driver readings taken (start, end and inside)
 
   nlohmann::json to_json() const;  ///< GiB fields plus the sample count
 };
 
-/// Combines a region's readings into the conservative peak described at Measurement.
+/// Combines a region's readings into the conservative peak (Note [Peak rule]).
+///
+/// ```
+/// MeasurementInputs in{.driver_used_start_bytes = 1 * kGiBBytes,         // 0.8 GiB outside
+///                      .allocator_reserved_start_bytes = kGiBBytes / 5,   //   the allocator
+///                      .allocator_peak_reserved_bytes = 4 * kGiBBytes};   // no sample saw it
+/// measure_peak(in).peak_bytes;  // 4.8 GiB: the allocator term beats the 1 GiB driver readings
+/// ```
 Measurement measure_peak(const MeasurementInputs& inputs);
 
 /// max(0, total - peak - headroom), in GiB.
