@@ -1,5 +1,5 @@
 // The same contract cases on every backend: the simulation always, CUDA when a GPU is present
-// (the CUDA cases skip, and say so, on machines without one).
+// (the CUDA cases skip, and say so, on machines without one; see backends.h).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backends.h"
 #include "ddo/engine/device.h"
 
 namespace ddo::engine {
@@ -17,23 +18,18 @@ namespace {
 constexpr std::int64_t kSimCapacity = std::int64_t{256} << 20;
 constexpr std::int64_t kSimPinnable = std::int64_t{64} << 20;
 
-class DeviceContract : public ::testing::TestWithParam<std::string> {
+class DeviceContract : public BackendTest {
  protected:
   void SetUp() override {
-    if (GetParam() == "sim") {
-      SimDeviceOptions options;
-      options.capacity_bytes = kSimCapacity;
-      options.pinnable_bytes = kSimPinnable;
-      options.copy_bytes_per_second = 4e9;  // slow enough that ordering bugs show
-      device_ = make_sim_device(options);
-      return;
-    }
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
-    Status status = make_cuda_device({}, &device_);
-    ASSERT_TRUE(status.ok()) << status.to_string();
+    BackendTest::SetUp();
+    if (IsSkipped()) return;
+    SimDeviceOptions options;
+    options.capacity_bytes = kSimCapacity;
+    options.pinnable_bytes = kSimPinnable;
+    options.copy_bytes_per_second = 4e9;  // slow enough that ordering bugs show
+    device_ = open_device(options);
+    ASSERT_NE(device_, nullptr);
   }
-
-  bool sim() const { return GetParam() == "sim"; }
 
   std::vector<std::uint8_t> pattern(std::size_t bytes, std::uint8_t seed) {
     std::vector<std::uint8_t> v(bytes);
@@ -274,8 +270,7 @@ TEST_P(DeviceContract, DestroyingAStreamDrainsIt) {
   device_->deallocate(d);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DeviceContract, ::testing::Values("sim", "cuda"),
-                         [](const auto& param_info) { return param_info.param; });
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceContract, kBackends, backend_name);
 
 TEST(CudaBackend, UnavailableWithoutAGpuSaysSo) {
   if (cuda_available()) GTEST_SKIP() << "a CUDA GPU is present; nothing to check here";
