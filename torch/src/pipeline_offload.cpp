@@ -1,12 +1,52 @@
-// enable_pipeline_offload: one settings object over the components of a pipeline.
+// enable_pipeline_offload: one settings object over the components of a pipeline, routed by
+// route_pipeline (ddo/torch/pipeline_offload.h), the rule Python's enable_pipeline_offload calls
+// too.
+
+#include "ddo/torch/pipeline_offload.h"
+
+#include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
 #include "offload_state.h"
 
 namespace ddo::adapter {
+
+PipelineRouting route_pipeline(const core::DynamicOffloadSettings& settings,
+                               const std::vector<std::string>& names,
+                               const std::string& profile_component,
+                               const std::string& execution_device) {
+  PipelineRouting routing;
+  routing.components.reserve(names.size());
+  for (const std::string& name : names) {
+    routing.components.push_back({name, settings.policy_for(name).route});
+  }
+  if (!profile_component.empty()) {
+    if (std::find(names.begin(), names.end(), profile_component) == names.end()) {
+      throw Error(Code::kNotFound,
+                  fmt::format("profile_component '{}' is not a component of the pipeline; "
+                              "components: {}",
+                              profile_component, fmt::join(names, ", ")));
+    }
+    routing.profiled = profile_component;
+  } else {
+    for (const PipelineRouting::Component& c : routing.components) {
+      if (c.route == core::Route::kDynamic) {
+        routing.profiled = c.name;
+        break;
+      }
+    }
+  }
+  routing.execution_device = internal::normalize_device_name(
+      execution_device.empty() ? settings.config.execution_device : execution_device);
+  const bool plan_only =
+      settings.config.execution_mode == core::ExecutionMode::kPlan || !settings.enabled;
+  routing.open_device = !plan_only && routing.execution_device != "cpu";
+  return routing;
+}
 
 std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
@@ -22,37 +62,29 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     request.config = options.config;
     settings = core::DynamicOffloadSettings::from_env(request, env);
   }
-  if (!options.execution_device.empty())
-    settings.config.execution_device = options.execution_device;
-
-  auto pipe = std::unique_ptr<PipelineOffload>(new PipelineOffload());
-  for (auto& [name, module] : components) {
+  std::vector<std::string> names;
+  for (const auto& [name, module] : components) {
     DDO_CHECK(module != nullptr, Code::kInvalidArgument, "pipeline component '", name,
               "' is a null module");
-    PipelineOffload::Component c;
-    c.name = name;
-    c.module = module;
-    c.route = settings.policy_for(name).route;
-    pipe->components_.push_back(std::move(c));
+    names.push_back(name);
   }
-  // The profiled component: named, else the first on the dynamic route.
-  if (!profile_component.empty()) {
-    pipe->profiled_ = profile_component;
-  } else {
-    for (const auto& c : pipe->components_) {
-      if (c.route == core::Route::kDynamic) {
-        pipe->profiled_ = c.name;
-        break;
-      }
-    }
+  const PipelineRouting routing =
+      route_pipeline(settings, names, profile_component, options.execution_device);
+  settings.config.execution_device = routing.execution_device;
+
+  auto pipe = std::unique_ptr<PipelineOffload>(new PipelineOffload());
+  pipe->profiled_ = routing.profiled;
+  for (std::size_t i = 0; i < components.size(); ++i) {
+    PipelineOffload::Component c;
+    c.name = routing.components[i].name;
+    c.module = components[i].second;
+    c.route = routing.components[i].route;
+    pipe->components_.push_back(std::move(c));
   }
 
   std::shared_ptr<engine::Device> device = options.device;
-  const std::string device_name = internal::normalize_device_name(settings.config.execution_device);
-  const bool plan_only =
-      settings.config.execution_mode == core::ExecutionMode::kPlan || !settings.enabled;
-  if (!device && !plan_only && device_name != "cpu") {
-    device = open_execution_device(device_name, settings.config);
+  if (!device && routing.open_device) {
+    device = open_execution_device(routing.execution_device, settings.config);
   }
   for (auto& c : pipe->components_) {
     if (c.route == core::Route::kNone) continue;
@@ -60,7 +92,7 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     o.settings = settings;
     o.settings->config.route = c.route;
     o.overrides = options.overrides;
-    o.execution_device = device_name;
+    o.execution_device = routing.execution_device;
     o.record_event = options.record_event;
     o.env = env;
     o.device = device;
