@@ -1,4 +1,4 @@
-// ddo._C, part three: enable_offload for TorchScript modules (torch.jit.trace / torch.jit.script
+// ddo._C: enable_offload for TorchScript modules (torch.jit.trace / torch.jit.script
 // / torch.jit.load in Python). Python's ddo.enable_offload routes a torch.jit.ScriptModule here
 // instead of walking it as an nn.Module: its children are RecursiveScriptModules, not nn.Linear,
 // so the Python walk would classify every module as "other" and stream nothing. The C++ path

@@ -1,8 +1,8 @@
-// ddo._C, part two: enable_offload over a Python module tree, the Offload handle and its
-// measured region. Python (ddo/api.py) walks nn.Module.named_modules() once and passes plain
-// tuples plus the model's own tensors; torch's type caster hands those tensors over as
-// at::Tensor without copies, and ddo_torch re-points them in place (set_data), so the Python
-// Parameters stay the same objects and no Python code runs per op.
+// ddo._C: enable_offload over a Python module tree, the Offload handle and its reports, its
+// measured region, and the pipeline router. Python (ddo/api.py) walks nn.Module.named_modules()
+// once and passes plain tuples plus the model's own tensors; torch's type caster hands those
+// tensors over as at::Tensor without copies, and ddo_torch re-points them in place (set_data), so
+// the Python Parameters stay the same objects and no Python code runs per op.
 //
 // Note [GIL and interrupts during setup]
 // Setup can take minutes (pinning tens of GiB), so it runs with the GIL released. ddo_torch
@@ -24,8 +24,6 @@
 
 #include <torch/csrc/utils/pybind.h>
 
-#include <c10/util/Exception.h>
-
 #include "ddo/core/inventory.h"
 #include "ddo/core/settings.h"
 #include "ddo/engine/device.h"
@@ -33,6 +31,7 @@
 #include "ddo/torch/interception.h"
 #include "ddo/torch/loader.h"
 #include "ddo/torch/module_tree.h"
+#include "ddo/torch/pipeline_offload.h"
 #include "ddo/torch/profile_run.h"
 #include "ddo/torch/weight_cache.h"
 #include "offload_setup.h"
@@ -138,13 +137,7 @@ adapter::OffloadOptions offload_options(const OffloadArgs& args) {
   options.profile_name = args.profile_name;
   options.build_profile = args.build_profile;
   if (args.settings != nullptr) options.settings = *args.settings;
-  if (!args.config.is_none()) {
-    json fields = to_json(args.config, "config");
-    check_override_names(fields);
-    core::DynamicOffloadConfig config;
-    raise_status(core::apply_overrides(&config, fields));
-    options.config = config;
-  }
+  if (!args.config.is_none()) options.config = config_from(to_json(args.config, "config"));
   if (!args.overrides.is_none()) {
     options.overrides = to_json(args.overrides, "overrides");
     check_override_names(options.overrides);
@@ -185,34 +178,39 @@ std::unique_ptr<adapter::Offload> attach_with_events(
 }
 
 void bind_offload(py::module_& m) {
-  // c10::OutOfMemoryError (a full card, or the simulated one) -> torch.OutOfMemoryError, as torch
-  // itself raises it; other c10::Error -> RuntimeError with torch's message.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const c10::OutOfMemoryError& e) {
-      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
-      PyErr_SetString(oom.ptr(), e.what_without_backtrace());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-    }
-  });
-
   py::class_<engine::Device, std::shared_ptr<engine::Device>>(
       m, "Device", "An execution device shared by the components of a pipeline (opaque).");
 
   m.def(
       "open_execution_device",
       [](const std::string& execution_device, py::handle config) {
-        core::DynamicOffloadConfig c;
-        if (!config.is_none()) {
-          json fields = to_json(config, "config");
-          check_override_names(fields);
-          raise_status(core::apply_overrides(&c, fields));
-        }
-        return adapter::open_execution_device(execution_device, c);
+        return adapter::open_execution_device(execution_device,
+                                              config_from(to_json(config, "config")));
       },
       py::arg("execution_device"), py::arg("config") = py::none());
+
+  // The pipeline router (ddo/torch/pipeline_offload.h): ddo/diffusers.py gathers the components
+  // and C++ decides their routes, the profiled one and the shared device, as it does for
+  // ddo::adapter::enable_pipeline_offload.
+  m.def(
+      "route_pipeline",
+      [](const core::DynamicOffloadSettings& settings, const std::vector<std::string>& names,
+         const std::string& profile_component, const std::string& execution_device) {
+        const adapter::PipelineRouting routing =
+            adapter::route_pipeline(settings, names, profile_component, execution_device);
+        json components = json::array();
+        for (const adapter::PipelineRouting::Component& c : routing.components) {
+          components.push_back({{"name", c.name}, {"route", core::to_string(c.route)}});
+        }
+        return from_json({{"components", std::move(components)},
+                          {"profiled", routing.profiled},
+                          {"execution_device", routing.execution_device},
+                          {"open_device", routing.open_device}});
+      },
+      py::arg("settings"), py::arg("names"), py::arg("profile_component") = "",
+      py::arg("execution_device") = "",
+      "{components: [{name, route}], profiled, execution_device, open_device} for a pipeline's "
+      "components under `settings` (route_pipeline in ddo/torch/pipeline_offload.h).");
 
   // The process-lifetime caches (ddo/torch/weight_cache.h).
   m.def("pinned_weight_cache_stats",
