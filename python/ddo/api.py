@@ -324,6 +324,10 @@ def _resolved_skip_patterns(
     config: Any,
     overrides: Mapping[str, Any],
 ) -> list[str]:
+    # The skip patterns enable_offload will use, before the kept modules are added: the override
+    # order of ddo::adapter's resolve_settings (overrides > settings > config > preset and DDO_*
+    # variables). That function is private to torch/src/enable_offload.cpp; until it is exported
+    # this is its one Python copy, used only when the walk kept a module (a tensor subclass).
     if "skip_modules_pattern" in overrides:
         value = overrides["skip_modules_pattern"]
         return [value] if isinstance(value, str) else list(value)
@@ -463,18 +467,18 @@ def _enable(
     model_class = model_class_name(model)
     entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
     overrides = dict(overrides)
-    skipped = [k for k in kept if not k.get("placed")]
-    if skipped:
-        patterns = _resolved_skip_patterns(preset, settings, config, overrides)
-        overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in skipped]
-
     # preset=None means "DDO_PRESET, else auto": resolve through the settings loader. So does
     # a replaced environment or a stated platform fact (the library's environ= / running_on_wsl=).
+    # Before the skip patterns below, so they are read from the environment the host gave.
     if settings is None and (
         (config is None and preset is None) or env is not None or wsl is not None
     ):
         settings = DynamicOffloadSettings.from_env(preset, config, env=env, wsl=wsl)
         config = None
+    skipped = [k for k in kept if not k.get("placed")]
+    if skipped:
+        patterns = _resolved_skip_patterns(preset, settings, config, overrides)
+        overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in skipped]
 
     progress = SetupProgress(label or model_class, record_event)
     progress.start()

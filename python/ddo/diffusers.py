@@ -12,8 +12,10 @@ first on the dynamic route (the denoiser in diffusers' component order)::
     with offload.profile_run() as profile_report:
         image = pipe(prompt, num_inference_steps=28).images[0]
 
-This mirrors ddo::adapter::enable_pipeline_offload (C++), whose signature takes LibTorch
-modules; the per-component work is the C++ enable_offload. A TorchScript component (a traced or
+The routing (which component takes which route, which one is profiled, the shared device) is
+C++'s ``route_pipeline`` (ddo/torch/pipeline_offload.h), the rule
+ddo::adapter::enable_pipeline_offload follows too; Python gathers the components and calls it.
+The per-component work is the C++ enable_offload. A TorchScript component (a traced or
 loaded ``torch.jit.ScriptModule`` is an nn.Module too) takes the same route through
 ``enable_offload``'s TorchScript path.
 """
@@ -218,20 +220,19 @@ def enable_pipeline_offload(
             settings.requested_preset, settings.config, **config_overrides
         )
 
-    routes = {name: settings.policy_for(name)["route"] for name in modules}
-    if profile_component is not None and profile_component not in modules:
-        raise _C.NotFoundError(
-            f"profile_component {profile_component!r} is not an nn.Module component of the "
-            f"pipeline; components: {', '.join(modules)}"
-        )
-    profiled = profile_component or next(
-        (name for name, route in routes.items() if route == "dynamic"), ""
+    # The routing rule is C++'s (route_pipeline, ddo/torch/pipeline_offload.h), the one
+    # ddo::adapter::enable_pipeline_offload follows: Python only gathered the components.
+    routing = _C.route_pipeline(
+        settings._native, list(modules), profile_component or "", execution_device or ""
     )
-
-    cfg = settings.config
-    device_name = execution_device or cfg.execution_device
-    executing = settings.enabled and cfg.execution_mode != "plan" and device_name != "cpu"
-    device = _C.open_execution_device(device_name, cfg.to_dict()) if executing else None
+    routes = {c["name"]: c["route"] for c in routing["components"]}
+    profiled = routing["profiled"]
+    device_name = routing["execution_device"]
+    device = (
+        _C.open_execution_device(device_name, settings.config.to_dict())
+        if routing["open_device"]
+        else None
+    )
 
     done: dict[str, Optional[OffloadResult]] = {}
     try:

@@ -1,0 +1,83 @@
+"""The pipeline router (ddo/torch/pipeline_offload.h, route_pipeline): the one rule for which
+treatment each component gets, which one is profiled and the device they share. Python's
+enable_pipeline_offload calls it; these tests ask it directly, then check that the Python entry
+point follows it."""
+
+import pytest
+
+import ddo
+from ddo import _C
+from conftest import STREAM_ALL
+from helpers import TinyNet
+
+
+def route(names, profile_component="", execution_device="", **settings_kwargs):
+    settings = ddo.DynamicOffloadSettings.from_env(**settings_kwargs)
+    return _C.route_pipeline(settings._native, names, profile_component, execution_device)
+
+
+def test_routes_follow_each_components_policy(monkeypatch):
+    monkeypatch.setenv("DDO_VAE_ROUTE", "device")
+    monkeypatch.setenv("DDO_TEXT_ENCODER_ROUTE", "group_leaf")
+    r = route(["text_encoder", "transformer", "vae"], execution_device="sim")
+    assert r["components"] == [
+        {"name": "text_encoder", "route": "group_leaf"},
+        {"name": "transformer", "route": "dynamic"},
+        {"name": "vae", "route": "device"},
+    ]
+    assert r["profiled"] == "transformer"  # the first on the dynamic route
+    assert r["execution_device"] == "sim:0"  # normalized
+    assert r["open_device"] is True
+
+
+def test_named_profile_component_wins_and_unknown_is_not_found():
+    assert route(["transformer", "vae"], "vae", "sim")["profiled"] == "vae"
+    with pytest.raises(ddo.NotFoundError) as caught:
+        route(["transformer", "vae"], "unet", "sim")
+    assert str(caught.value) == (
+        "profile_component 'unet' is not a component of the pipeline; components: transformer, vae"
+    )
+
+
+def test_no_dynamic_component_profiles_nothing(monkeypatch):
+    monkeypatch.setenv("DDO_VAE_ROUTE", "none")
+    assert route(["vae"], execution_device="sim")["profiled"] == ""
+
+
+@pytest.mark.parametrize(
+    "kwargs, device, opens",
+    [
+        ({}, "sim", True),
+        ({"execution_mode": "plan"}, "sim", False),
+        ({"preset": "off"}, "sim", False),
+        ({}, "cpu", False),
+    ],
+)
+def test_device_is_opened_only_when_executing(kwargs, device, opens):
+    r = route(["transformer"], execution_device=device, **kwargs)
+    assert r["open_device"] is opens
+    assert r["execution_device"] == ("cpu" if device == "cpu" else "sim:0")
+
+
+def test_device_from_settings_when_not_given():
+    assert route(["transformer"], execution_device="")["execution_device"] == "cuda:0"
+    settings = ddo.DynamicOffloadSettings.from_env(execution_device="sim:3")
+    r = _C.route_pipeline(settings._native, ["transformer"], "", "")
+    assert r["execution_device"] == "sim:3"
+    assert _C.route_pipeline(settings._native, ["transformer"], "", "sim:1")["execution_device"] == "sim:1"
+
+
+def test_python_entry_point_follows_the_router(monkeypatch):
+    monkeypatch.setenv("DDO_VAE_ROUTE", "none")
+    pipe = {"transformer": TinyNet().eval(), "vae": TinyNet().eval(), "tokenizer": "x"}
+    offload = ddo.enable_pipeline_offload(pipe, **STREAM_ALL)
+    expected = route(["transformer", "vae"], execution_device="sim")
+    assert offload.routes == {c["name"]: c["route"] for c in expected["components"]}
+    assert offload.profiled_component == expected["profiled"] == "transformer"
+    assert offload.components["vae"] is None
+    assert _C.is_managed(pipe["transformer"].blocks[0][0].weight)
+    assert not _C.is_managed(pipe["vae"].blocks[0][0].weight)
+    offload.remove()
+    with pytest.raises(ddo.NotFoundError, match="'unet' is not a component"):
+        ddo.enable_pipeline_offload(pipe, profile_component="unet", **STREAM_ALL)
+    assert not _C.is_managed(pipe["transformer"].blocks[0][0].weight)
