@@ -587,7 +587,9 @@ def test_entry_points_run_on_the_host():
     assert group.route == "group_block"
     ddo.remove_dynamic_offload(model)
     applied = ddo.apply_dynamic_offload(model, ddo.DynamicOffloadConfig(execution_device="sim"))
-    assert applied.active or applied.should_move_to_execution_device
+    # A default config is plan mode (the library's default): nothing placed, the host moves it.
+    assert applied.report()["executing"] is False
+    assert applied.should_move_to_execution_device and not applied.active
     ddo.remove_dynamic_offload(model)
     assert ddo.detect_quantized_backend_modules(model) == lib.detect_quantized_backend_modules(model) == {}
 
