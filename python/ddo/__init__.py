@@ -15,7 +15,11 @@ helpers and legacy host-context functions are here under its names (``ddo.compat
 ``ddo.legacy``), and ddo reads and writes its profile files. README "Drop-in for
 diffusers-dynamic-offloader" lists each of its names with ddo's status.
 
-``ddo._C`` is private; everything public is re-exported here. See docs/design/0003-python.md.
+``ddo._C`` is private; everything public is re-exported here, and no ``_C`` class is: the one
+``_C`` name here is ``NotFoundError``, the exception class of the error table
+(docs/design/0003-python.md, "Errors"). The legacy host-context API lives in ``ddo.legacy``
+(re-exported under the seed library's names for the drop-in); the named-profile store is
+reached through ``load_profile``, ``list_profiles`` and ``profile_path``.
 """
 
 import torch as _torch  # noqa: F401  (loads libtorch before _C, which links against it)
@@ -69,18 +73,7 @@ from .legacy import (
     record_dynamic_offload_profile,
 )
 from .loader import LoadedModel, from_pretrained_with_dynamic_offload
-from .profiles import (
-    HostContextStore,
-    ProfileStore,
-    context_key,
-    context_path,
-    list_profiles,
-    load_profile,
-    normalize_context,
-    profile_dir,
-    profile_key,
-    profile_path,
-)
+from .profiles import list_profiles, load_profile, profile_dir, profile_key, profile_path
 
 __version__ = "0.1.0"
 
@@ -116,23 +109,18 @@ __all__ = [
     "DynamicOffloadConfig",
     "DynamicOffloadProfileSession",
     "DynamicOffloadSettings",
-    "HostContextStore",
     "LoadedModel",
     "NotFoundError",
     "OffloadResult",
     "PipelineOffloadResult",
-    "ProfileStore",
     "apply_preset",
     "clear_pinned_weight_cache",
     "clear_plan_cache",
-    "context_key",
-    "context_path",
     "enable_offload",
     "enable_pipeline_offload",
     "from_pretrained_with_dynamic_offload",
     "list_profiles",
     "load_profile",
-    "normalize_context",
     "pinned_weight_cache_stats",
     "plan_cache_stats",
     "preset_config",

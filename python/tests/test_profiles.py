@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ddo
-from ddo import enable_offload
+from ddo import _C, enable_offload
 from helpers import TinyNet, tiny_inputs
 
 
@@ -197,7 +197,7 @@ def test_python_profile_is_visible_to_the_cpp_store(profile_dir):
     _, report = seed_run(model, pipeline, inputs, calibrate=True, name="shared-with-cli")
     key = ddo.profile_key("shared-with-cli", model)
     # The C++ store (the same code `ddo profiles list` runs) sees it under the same file name.
-    store = ddo.ProfileStore(str(profile_dir))
+    store = _C.ProfileStore(str(profile_dir))
     listing = store.list()
     assert [(p["name"], p["model_class"], p["profile_key"]) for p in listing] == [
         ("shared-with-cli", "TinyNet", key)
