@@ -1,4 +1,4 @@
-// The device-independent half of MemoryProbe (the region, the sampler, the peak rule), the probe
+// The device-independent half of MemoryProbe (the region, the sampler, core's peak rule), the probe
 // of the host simulation and the counting CPU allocator. The CUDA probe and the VRAM cap are in
 // memory_probe_cuda.cpp.
 #include "ddo/torch/memory_probe.h"
@@ -78,22 +78,36 @@ MeasurementResult MemoryProbe::stop_sampling() {
   return combine_measurement(start_, end, peak_driver_used_.load(), samples_.load(), seconds);
 }
 
+namespace {
+
+// The sampled maximum travels as the one inside sample; the allocator's figures as read.
+core::MeasurementInputs inputs_of(const MemorySnapshot& start, const MemorySnapshot& end,
+                                  std::int64_t sampled_peak_driver_used_bytes) {
+  core::MeasurementInputs inputs;
+  inputs.driver_used_start_bytes = start.driver_used_bytes;
+  inputs.driver_used_end_bytes = end.driver_used_bytes;
+  inputs.driver_used_samples_bytes = {sampled_peak_driver_used_bytes};
+  inputs.allocator_reserved_start_bytes = start.allocator_reserved_bytes;
+  // The counters were reset at the start, so the end's peak covers exactly the region.
+  inputs.allocator_peak_reserved_bytes = end.allocator_peak_reserved_bytes;
+  return inputs;
+}
+
+}  // namespace
+
 MeasurementResult combine_measurement(const MemorySnapshot& start, const MemorySnapshot& end,
                                       std::int64_t sampled_peak_driver_used_bytes, int samples,
                                       double seconds) {
+  // The rule is core's (Note [Peak rule] in ddo/core/calibration.h); this only copies its terms.
+  const core::Measurement m =
+      core::measure_peak(inputs_of(start, end, sampled_peak_driver_used_bytes));
   MeasurementResult r;
   r.start = start;
   r.end = end;
-  r.peak_driver_used_bytes =
-      std::max({start.driver_used_bytes, end.driver_used_bytes, sampled_peak_driver_used_bytes});
-  r.initial_non_allocator_bytes =
-      std::max<std::int64_t>(0, start.driver_used_bytes - start.allocator_reserved_bytes);
-  // The counters were reset at the start, so the end's peak covers exactly the region; the
-  // start's reserved bytes bound it from below in case a source cannot reset.
-  r.allocator_peak_reserved_bytes =
-      std::max(end.allocator_peak_reserved_bytes, start.allocator_reserved_bytes);
-  r.peak_bytes = std::max(r.peak_driver_used_bytes,
-                          r.allocator_peak_reserved_bytes + r.initial_non_allocator_bytes);
+  r.peak_driver_used_bytes = m.driver_peak_bytes;
+  r.initial_non_allocator_bytes = m.initial_non_allocator_bytes;
+  r.allocator_peak_reserved_bytes = m.allocator_peak_reserved_bytes;
+  r.peak_bytes = m.peak_bytes;
   r.total_bytes = start.total_bytes;
   r.samples = samples;
   r.seconds = seconds;
@@ -101,13 +115,7 @@ MeasurementResult combine_measurement(const MemorySnapshot& start, const MemoryS
 }
 
 core::MeasurementInputs to_measurement_inputs(const MeasurementResult& result) {
-  core::MeasurementInputs inputs;
-  inputs.driver_used_start_bytes = result.start.driver_used_bytes;
-  inputs.driver_used_end_bytes = result.end.driver_used_bytes;
-  inputs.driver_used_samples_bytes = {result.peak_driver_used_bytes};
-  inputs.allocator_reserved_start_bytes = result.start.allocator_reserved_bytes;
-  inputs.allocator_peak_reserved_bytes = result.allocator_peak_reserved_bytes;
-  return inputs;
+  return inputs_of(result.start, result.end, result.peak_driver_used_bytes);
 }
 
 // --- the counting CPU allocator ------------------------------------------------------------------

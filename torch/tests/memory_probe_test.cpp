@@ -159,6 +159,32 @@ TEST(MeasurementRule, AllocatorTermCatchesPeaksBetweenSamples) {
   EXPECT_EQ(m.peak_bytes, 3500 * kMiB);
 }
 
+// The probe has no rule of its own: where the allocator's counter reports less than was reserved
+// at the start (a counter reset to zero) and the driver was read below the reserved bytes, the
+// probe's figures are core's, floor included (Note [Peak rule] in ddo/core/calibration.h).
+TEST(MeasurementRule, ProbeFiguresAreCoresOnReadingsThatSeparateTheTerms) {
+  MemorySnapshot start{.total_bytes = 8 * kMiB * 1024,
+                       .driver_used_bytes = 1024 * kMiB,
+                       .allocator_allocated_bytes = 1536 * kMiB,
+                       .allocator_reserved_bytes = 2048 * kMiB,
+                       .allocator_peak_reserved_bytes = 0};
+  MemorySnapshot end = start;
+  end.driver_used_bytes = 1280 * kMiB;
+  end.allocator_peak_reserved_bytes = 512 * kMiB;
+  const MeasurementResult m = combine_measurement(start, end, 1100 * kMiB, 3, 0.5);
+  const core::Measurement c = core::measure_peak(to_measurement_inputs(m));
+  EXPECT_EQ(m.peak_driver_used_bytes, 1280 * kMiB);
+  EXPECT_EQ(m.initial_non_allocator_bytes, 0);
+  EXPECT_EQ(m.allocator_peak_reserved_bytes, 2048 * kMiB);
+  EXPECT_EQ(m.peak_bytes, 2048 * kMiB);
+  EXPECT_EQ(c.peak_bytes, m.peak_bytes);
+  EXPECT_EQ(c.driver_peak_bytes, m.peak_driver_used_bytes);
+  EXPECT_EQ(c.allocator_peak_reserved_bytes, m.allocator_peak_reserved_bytes);
+  EXPECT_EQ(c.initial_non_allocator_bytes, m.initial_non_allocator_bytes);
+  EXPECT_EQ(m.samples, 3);
+  EXPECT_EQ(m.total_bytes, start.total_bytes);
+}
+
 TEST(CudaMemoryProbe, SeesAllocatorAndDriver) {
   DDO_SKIP_WITHOUT_GPU();
   std::unique_ptr<MemoryProbe> probe;

@@ -6,15 +6,16 @@
 /// and take the larger of (a) the driver's view of used memory, observed at the start, the end and
 /// by a sampling thread in between, and (b) the allocator's peak reserved bytes plus the memory
 /// that was in use outside the allocator when the region began. This header provides the
-/// measuring instrument; the rule that turns the figures into a recommendation lives in core.
-/// See docs/design/0002-measurement.md.
+/// measuring instrument; the peak rule itself (Note [Peak rule] in ddo/core/calibration.h) and
+/// the recommendation live in core, and the probe calls them. See docs/design/0002-measurement.md.
 ///
 /// ```
 /// auto probe = ddo::adapter::make_cuda_memory_probe(/*device=*/0);   // or make_sim_memory_probe
 /// ddo::throw_if_error(probe->start_sampling(std::chrono::milliseconds(2)));
 /// run_denoising_loop();
 /// ddo::adapter::MeasurementResult m = probe->stop_sampling();
-/// // m.peak_bytes == max(m.peak_driver_used_bytes,
+/// // m.peak_bytes == core::measure_peak(to_measurement_inputs(m)).peak_bytes
+/// //              == max(m.peak_driver_used_bytes,
 /// //                     m.allocator_peak_reserved_bytes + m.initial_non_allocator_bytes)
 /// ```
 ///
@@ -66,12 +67,11 @@ struct MeasurementResult {
   /// start.driver_used_bytes - start.allocator_reserved_bytes (clamped at 0): the CUDA context,
   /// other libraries, other processes; assumed constant through the region (seed page).
   std::int64_t initial_non_allocator_bytes = 0;
-  /// end.allocator_peak_reserved_bytes (the counters were reset when the region began).
+  /// max(end.allocator_peak_reserved_bytes, start.allocator_reserved_bytes): the counters were
+  /// reset when the region began, and its peak includes its first instant.
   std::int64_t allocator_peak_reserved_bytes = 0;
-  /// The seed's peak: max(peak_driver_used_bytes,
-  /// ```
-  ///                    allocator_peak_reserved_bytes + initial_non_allocator_bytes).
-  /// ```
+  /// max(peak_driver_used_bytes, allocator_peak_reserved_bytes + initial_non_allocator_bytes),
+  /// as core::measure_peak computes it (Note [Peak rule] in ddo/core/calibration.h).
   std::int64_t peak_bytes = 0;
   std::int64_t total_bytes = 0;  ///< start.total_bytes
   int samples = 0;               ///< sampling-thread readings (start and end not included)
@@ -128,13 +128,14 @@ class MemoryProbe {
   std::chrono::steady_clock::time_point started_at_;
 };
 
-/// The seed's peak rule over two snapshots and a sampled driver maximum (exposed for tests).
-/// It agrees with core::measure_peak on the same readings.
+/// The figures of a region from two snapshots and a sampled driver maximum: the peak and its
+/// terms come from core::measure_peak (Note [Peak rule]), the one copy of the rule. Exposed for
+/// tests.
 MeasurementResult combine_measurement(const MemorySnapshot& start, const MemorySnapshot& end,
                                       std::int64_t sampled_peak_driver_used_bytes, int samples,
                                       double seconds);
 
-/// The readings core's calibration takes (core/calibration.h; include it to use the result).
+/// The readings core's calibration takes (ddo/core/calibration.h; include it to use them).
 /// The sampled maximum travels as the one inside sample: core::measure_peak(inputs).peak_bytes
 /// == result.peak_bytes.
 core::MeasurementInputs to_measurement_inputs(const MeasurementResult& result);
