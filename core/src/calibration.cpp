@@ -175,10 +175,6 @@ std::optional<std::string> normalize_calibration_device(std::string_view device)
 
 namespace {
 
-std::string gb(double value) {
-  return fmt::format("{:.2f} GiB", value);
-}
-
 void check_can_calibrate(const DynamicOffloadConfig& config, const DeviceFacts& device,
                          const std::optional<std::string>& normalized) {
   DDO_CHECK(
@@ -305,7 +301,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
         report.notes.push_back(
             fmt::format("pending probe of {} capped by "
                         "max_resident_module_budget_gb={}",
-                        gb(probe), p.max_resident_budget_gb));
+                        format_gib(probe), p.max_resident_budget_gb));
         probe = p.max_resident_budget_gb;
       }
       // Note [Probe within the card]
@@ -324,7 +320,8 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
           report.notes.push_back(fmt::format(
               "pending probe of {} applied as {}: the room the calibrated peak of {} left on "
               "this {} card",
-              gb(probe), gb(room), gb(rec.peak_vram_gb), gb(total_now)));
+              format_gib(probe), format_gib(room), format_gib(rec.peak_vram_gb),
+              format_gib(total_now)));
           probe = room;
         }
       }
@@ -337,20 +334,20 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
       report.notes.push_back(fmt::format(
           "probing a pending SDNQ resident budget of {}; it is not a validated resident run "
           "until this profile_run() region finishes",
-          gb(probe)));
+          format_gib(probe)));
       return p;
     }
     budget = rec.safe_budget_gb.value_or(0.0);
     report.notes.push_back(fmt::format(
         "the saved SDNQ probe is pending but this run cannot probe it (it needs sdnq_runtime on "
         "a CUDA device); applying the measured safe budget of {}",
-        gb(budget)));
+        format_gib(budget)));
   }
   if (p.max_resident_budget_gb > 0 && budget > p.max_resident_budget_gb) {
     report.notes.push_back(
         fmt::format("saved recommendation of {} capped by "
                     "max_resident_module_budget_gb={}",
-                    gb(budget), p.max_resident_budget_gb));
+                    format_gib(budget), p.max_resident_budget_gb));
     budget = p.max_resident_budget_gb;
   }
   p.resident_budget_gb = report.resident_budget_gb = budget;
@@ -407,12 +404,12 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
   report->profile_measurement_kind = rec.profile_measurement_kind;
   report->measurement = m;
   report->notes.push_back(
-      fmt::format("measured with a resident budget of {}", gb(measured_with_gb)));
+      fmt::format("measured with a resident budget of {}", format_gib(measured_with_gb)));
   if (rec.probe_pending) {
     report->notes.push_back(fmt::format(
         "the saved {} is a pending probe, not a validated resident run; the next normal run "
         "probes it (safe budget {})",
-        gb(rec.resident_budget_gb), gb(rec.safe_budget_gb.value_or(0.0))));
+        format_gib(rec.resident_budget_gb), format_gib(rec.safe_budget_gb.value_or(0.0))));
   }
 
   Status saved = store.save(prepared.identity, observation, rec);

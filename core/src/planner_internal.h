@@ -36,7 +36,7 @@ inline std::int64_t field_bytes(double gib, const char* field) {
   return to_bytes_or_throw(gib, ByteUnit::kGiB, field);
 }
 inline std::string gib(std::int64_t bytes) {
-  return fmt::format("{:.2f} GiB", bytes_to_gib(bytes));
+  return format_bytes_as_gib(bytes);
 }
 
 struct CompiledPatterns {

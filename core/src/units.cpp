@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace ddo::core {
 namespace {
 
@@ -56,6 +58,10 @@ std::int64_t to_bytes_or_throw(double amount, ByteUnit unit, std::string_view so
   std::int64_t bytes = 0;
   throw_if_error(to_bytes(amount, unit, source, &bytes));
   return bytes;
+}
+
+std::string format_gib(double gib) {
+  return fmt::format("{:.2f} GiB", gib);
 }
 
 std::size_t align_up(std::size_t value, std::size_t alignment) {

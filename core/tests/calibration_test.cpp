@@ -178,6 +178,11 @@ TEST_F(CalibrationTest, TheSavedRecommendationUsesTheReservedStartAsThePeakFloor
   EXPECT_DOUBLE_EQ(*report.resident_budget_gb, 2.0);  // 8 - 5 - 1; without the floor 2.5
   ASSERT_TRUE(report.measurement.has_value());
   EXPECT_EQ(report.measurement->allocator_peak_reserved_bytes, bytes(5.0));
+  bool noted = false;
+  for (const std::string& note : report.notes) {
+    noted = noted || note == "measured with a resident budget of 0.00 GiB";
+  }
+  EXPECT_TRUE(noted) << report.to_json().dump();
 }
 
 TEST(RecommendationMathTest, BudgetIsTotalMinusPeakMinusHeadroomNeverNegative) {

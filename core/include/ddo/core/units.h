@@ -1,8 +1,9 @@
 /// \file
 /// Byte units: the GiB / MiB / KiB figures users write (doubles) converted to bytes (int64) with a
-/// check, the way back for reports, and align_up. Every conversion of a user's figure to bytes in
-/// core and the engine goes through here, so none of them can be an out-of-range float-to-int cast
-/// (undefined behaviour: DDO_VRAM_CAP_GB=16000000000 once became -9223372036854775808 bytes).
+/// check, the way back for reports (figures and the "1.50 GiB" text), and align_up. Every
+/// conversion of a user's figure to bytes in core and the engine goes through here, so none of them
+/// can be an out-of-range float-to-int cast (undefined behaviour: DDO_VRAM_CAP_GB=16000000000 once
+/// became -9223372036854775808 bytes).
 ///
 /// ```
 /// ddo::core::gib_to_bytes(1.5);    // 1610612736
@@ -12,6 +13,7 @@
 /// // s.code() == kInvalidArgument: "DDO_VRAM_CAP_GB=1.6e+10 GiB does not fit in 64-bit bytes
 /// // (at most 8589934592 GiB); ..."
 /// ddo::core::bytes_to_gib(std::int64_t{3} << 29);  // 1.5
+/// ddo::core::format_gib(1.5);                      // "1.50 GiB"
 /// ddo::core::align_up(1000, 256);                  // 1024
 /// ```
 #pragma once
@@ -19,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "ddo/core/status.h"
@@ -77,6 +80,13 @@ inline constexpr double bytes_to_gib(std::int64_t bytes) {
 /// Bytes as MiB, for reports.
 inline constexpr double bytes_to_mib(std::int64_t bytes) {
   return static_cast<double>(bytes) / kMiB;
+}
+
+/// A figure in GiB as reports and messages write it: format_gib(1.5) == "1.50 GiB".
+std::string format_gib(double gib);
+/// Bytes the same way: format_bytes_as_gib(std::int64_t{3} << 29) == "1.50 GiB".
+inline std::string format_bytes_as_gib(std::int64_t bytes) {
+  return format_gib(bytes_to_gib(bytes));
 }
 
 /// `value` rounded up to a multiple of `alignment` (a power of two, checked).
