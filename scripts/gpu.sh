@@ -13,8 +13,8 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
-# test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead), w1, py (W1-py:
-# bench/python/w1_py.py, diffusers from the wheels in .whl); the W1 and W1-py tables come from
+# test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead x DDO_OP_REPEATS),
+# testmicro (both), w1, py (W1-py: bench/python/w1_py.py, diffusers from the wheels in .whl); the W1 and W1-py tables come from
 # scripts/gpu-bench-table.py. DDO_W1_EXTRA: flags of a second W1 invocation run after the first
 # (its JSON goes to log.txt only). Knobs:
 # DDO_GPU_JOBS (16), DDO_W1_SIZE (full), DDO_W1_CAPS (8,12,16,24,0), DDO_W1_STEPS (5),
@@ -215,7 +215,11 @@ table() {
 
 micro() {
   bench copy_engine 90 --out "$OUT/copy_engine.json" --commit "$DDO_COMMIT"
-  bench op_overhead 60 --out "$OUT/op_overhead.json" --commit "$DDO_COMMIT"
+  # Per-op host time moves by a few us between runs of one build: DDO_OP_REPEATS runs, all kept.
+  local k
+  for k in $(seq 1 "${DDO_OP_REPEATS:-3}"); do
+    bench op_overhead 60 --out "$OUT/op_overhead_$k.json" --commit "$DDO_COMMIT"
+  done
 }
 
 w1() {
@@ -277,6 +281,7 @@ case "$MODE" in
   load) build && load ;;
   testload) build && { DDO_GPU_TESTS_ONLY=1 run_tests; load; } ;;
   test) build && run_tests ;;
+  testmicro) build && { run_tests; micro; } ;;
   micro) build && micro ;;
   w1) build && w1 ;;
   bench) build && micro && w1 ;;
@@ -291,7 +296,7 @@ case "$MODE" in
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
   pydiag) build && install_wheels && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" link >>"$LOG" 2>&1 ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|micro|w1|bench|py|w2|sdnq|load|testload]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|testmicro|micro|w1|bench|py|w2|sdnq|load|testload]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"

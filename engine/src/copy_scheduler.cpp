@@ -63,12 +63,31 @@ namespace ddo::engine {
 // is locked. Nothing allocates after finalize(): unit events, the ring slots and the trace
 // buffer are preallocated. In the steady state an acquire that hits costs one stream wait plus,
 // for each unit prefetched, one copy and one event record (and at most one copy-stream wait on a
-// release); a release costs one event record. time_copies adds two records per acquire and per
-// copy plus a non-blocking query of the previous sample; turn it off where per-op host time is
-// measured. Disk-tier units add reader threads, a job queue and a lock per disk read (Note [Disk
-// tier]); a scheduler without them starts no thread and takes no lock, and host units pay one
-// branch per acquire and per prefetched unit.
+// release); a release costs one event record. A timed copy or wait adds two records and a
+// non-blocking query of the previous sample (Note [Copy timing]). Disk-tier units add reader
+// threads, a job queue and a lock per disk read (Note [Disk tier]); a scheduler without them starts
+// no thread and takes no lock, and host units pay one branch per acquire and per prefetched unit.
 //
+// Note [Copy timing]
+// ~~~~~~~~~~~~~~~~~~
+// Device-side timing of copies (copy_ms, the link's achieved GB/s) and of the compute stream's
+// waits (wait_ms, timeline()) takes CUDA events with timing enabled: a (start, done) record
+// around each copy and a (start, end) record around each acquire wait, plus a query of the last
+// sample before its events are recorded again. Measured per op that is most of the scheduler's
+// host cost beyond the one copy, the one wait and the one release record that streaming needs,
+// and timing events are also slower to wait on than plain ones. So timing is a mode, switchable
+// at any time from the compute thread:
+//   kFull     every copy and wait; what calibration and timeline() need (the adapter sets it for
+//             calibration and for mark_step()), and the start state with time_copies.
+//   kSampled  one copy in kTimingSampleEvery and one wait in as many: copy_ms / timed_copy_bytes
+//             still measures the link, wait_ms x waits / timed_waits estimates the stall, at a
+//             sixteenth of the cost. The adapter's steady state.
+//   kOff      nothing recorded.
+// An untimed copy records the unit's fast_done event (no timing) instead of the pair's done
+// event; acquires wait on whichever was recorded last (Unit::last_done), so switching modes never
+// leaves an acquire waiting on a stale event. A pending sample survives untimed copies (its
+// events are not recorded again) and is harvested later.
+
 // Note [Disk tier]
 // ~~~~~~~~~~~~~~~~
 // A disk-tier unit (add_from_reader) has no host copy: each time it is needed its UnitReader
@@ -159,16 +178,21 @@ struct Unit {
   std::size_t offset = 0;  // staging offset while state != kIdle
   std::uint64_t release_seq = 0;
   Event release = nullptr;
-  // copy_dones[pair] completes when the latest copy has landed (the event acquires wait on).
-  // With time_copies, copies alternate between two (start, done) timing pairs, so that the copy
-  // an acquire consumed keeps its times (for timeline()) while the next cycle's prefetch records
-  // the other; without, pair stays 0 and copy_starts are null. Timing events are read lazily,
-  // before they are recorded again.
+  // last_done completes when the latest copy has landed (the event acquires wait on): fast_done
+  // (no timing) for an untimed copy, copy_dones[pair] for a timed one (Note [Copy timing]). Timed
+  // copies alternate between two (start, done) pairs, so that the copy an acquire consumed keeps
+  // its times (for timeline()) while the next cycle's prefetch records the other. Timing events
+  // exist only with time_copies and are read lazily, before they are recorded again.
   Event copy_starts[2] = {nullptr, nullptr};
   Event copy_dones[2] = {nullptr, nullptr};
-  int pair = 0;            // the pair of the latest issued copy
-  int consumed_pair = -1;  // the pair of the copy the latest acquire used
-  Event copy_done() const { return copy_dones[pair]; }
+  Event fast_done = nullptr;
+  Event last_done = nullptr;
+  int pair = 0;                  // the pair of the latest timed copy
+  int consumed_pair = -1;        // the pair of the copy the latest acquire used; -1: untimed
+  bool acquired_once = false;    // consumed_pair is meaningful
+  bool last_copy_timed = false;  // the latest copy recorded copy_dones[pair]
+  bool wait_timed = false;       // the latest acquire's wait was timed (wait_start, wait_end)
+  Event copy_done() const { return last_done; }
   Event wait_start = nullptr;
   Event wait_end = nullptr;
   bool copy_timing_pending = false;
@@ -250,7 +274,8 @@ double ms_since(Clock::time_point start) {
 }  // namespace
 
 struct CopyScheduler::Impl {
-  Impl(Device& d, const SchedulerOptions& o) : device(d), options(o) {}
+  Impl(Device& d, const SchedulerOptions& o)
+      : device(d), options(o), timing(o.time_copies ? Timing::kFull : Timing::kOff) {}
 
   Device& device;
   const SchedulerOptions options;
@@ -287,7 +312,10 @@ struct CopyScheduler::Impl {
   std::int64_t miss_limit = 1;
   int cycles_with_misses = 0;
 
-  Event mark = nullptr;  // timeline reference (time_copies only)
+  Event mark = nullptr;          // timeline reference (time_copies only)
+  Timing timing = Timing::kOff;  // Note [Copy timing]
+  std::uint32_t copy_samples = 0;
+  std::uint32_t wait_samples = 0;
 
   std::int64_t in_flight_bytes = 0;  // units copied for, not yet acquired
   std::int64_t acquired_bytes = 0;
@@ -393,17 +421,37 @@ struct CopyScheduler::Impl {
   }
 
   // --- copies ---------------------------------------------------------------------------------
+  // Whether the next copy (or acquire wait) is timed; `count` is that kind's sample counter.
+  bool sample(std::uint32_t& count) const {
+    switch (timing) {
+      case Timing::kOff:
+        return false;
+      case Timing::kFull:
+        return true;
+      case Timing::kSampled:
+        return ++count % kTimingSampleEvery == 0;
+    }
+    return false;
+  }
+
   void harvest_copy_timing(Unit& u) {
-    if (!u.copy_timing_pending || !device.event_done(u.copy_done())) return;
-    const float ms = device.elapsed_ms(u.copy_starts[u.pair], u.copy_done());
-    if (ms >= 0.0f) stats.copy_ms += ms;
+    if (!u.copy_timing_pending || !device.event_done(u.copy_dones[u.pair])) return;
+    const float ms = device.elapsed_ms(u.copy_starts[u.pair], u.copy_dones[u.pair]);
+    if (ms >= 0.0f) {
+      stats.copy_ms += ms;
+      ++stats.timed_copies;
+      stats.timed_copy_bytes += static_cast<std::int64_t>(u.bytes);
+    }
     u.copy_timing_pending = false;
   }
 
   void harvest_wait_timing(Unit& u) {
     if (!u.wait_timing_pending || !device.event_done(u.wait_end)) return;
     const float ms = device.elapsed_ms(u.wait_start, u.wait_end);
-    if (ms >= 0.0f) stats.wait_ms += ms;
+    if (ms >= 0.0f) {
+      stats.wait_ms += ms;
+      ++stats.timed_waits;
+    }
     u.wait_timing_pending = false;
   }
 
@@ -445,7 +493,8 @@ struct CopyScheduler::Impl {
       device.stream_wait_event(stream, units[pending_wait_unit].release);
       copy_waited_release_seq = pending_wait_seq;
     }
-    if (options.time_copies) {
+    const bool timed = sample(copy_samples);
+    if (timed) {
       harvest_copy_timing(u);
       u.copy_timing_pending = false;  // a sample still running is dropped, never waited for
       u.pair ^= 1;
@@ -467,8 +516,11 @@ struct CopyScheduler::Impl {
     u.slot = slot;
     u.offset = offset;
     in_flight_bytes += static_cast<std::int64_t>(u.bytes);
-    device.record_event(u.copy_done(), stream);
-    u.copy_timing_pending = options.time_copies;
+    // An untimed copy leaves a pending sample of the pair alone: its events are not recorded.
+    u.last_done = timed ? u.copy_dones[u.pair] : u.fast_done;
+    u.last_copy_timed = timed;
+    device.record_event(u.last_done, stream);
+    if (timed) u.copy_timing_pending = true;
     stats.bytes_copied += static_cast<std::int64_t>(u.bytes);
     update_peak();
     return true;
@@ -929,7 +981,7 @@ CopyScheduler::~CopyScheduler() {
     if (s.staging != nullptr) d.deallocate(s.staging);
     for (Unit& u : s.units) {
       for (Event e : {u.release, u.wait_start, u.wait_end, u.copy_starts[0], u.copy_starts[1],
-                      u.copy_dones[0], u.copy_dones[1]}) {
+                      u.copy_dones[0], u.copy_dones[1], u.fast_done}) {
         if (e != nullptr) d.destroy_event(e);
       }
     }
@@ -1085,9 +1137,9 @@ Status CopyScheduler::finalize() {
   s.stats.staging_bytes = static_cast<std::int64_t>(staging);
   for (Unit& u : s.units) {
     u.release = s.device.create_event(/*timing=*/false);
-    if (!s.options.time_copies) {
-      u.copy_dones[0] = s.device.create_event(/*timing=*/false);
-    } else {
+    u.fast_done = s.device.create_event(/*timing=*/false);
+    u.last_done = u.fast_done;
+    if (s.options.time_copies) {
       for (int k = 0; k < 2; ++k) {
         u.copy_starts[k] = s.device.create_event(true);
         u.copy_dones[k] = s.device.create_event(true);
@@ -1135,11 +1187,14 @@ void* CopyScheduler::acquire(int id, Stream stream) {
       break;
   }
   u.state = UnitState::kAcquired;
-  u.consumed_pair = u.pair;
+  u.consumed_pair = u.last_copy_timed ? u.pair : -1;
+  u.acquired_once = true;
   s.ring[u.slot].state = RegionState::kAcquired;
   s.acquired_bytes += static_cast<std::int64_t>(u.bytes);
   if (needs_wait) {
-    if (s.options.time_copies) {
+    ++s.stats.waits;
+    u.wait_timed = s.sample(s.wait_samples);
+    if (u.wait_timed) {
       s.harvest_wait_timing(u);
       s.device.record_event(u.wait_start, stream);
       s.device.stream_wait_event(stream, u.copy_done());
@@ -1198,6 +1253,18 @@ void CopyScheduler::mark(Stream stream) {
   if (s.mark != nullptr) s.device.record_event(s.mark, stream);
 }
 
+void CopyScheduler::set_timing(Timing timing) {
+  Impl& s = *impl_;
+  DDO_CHECK(timing == Timing::kOff || s.options.time_copies, Code::kFailedPrecondition,
+            "CopyScheduler::set_timing: this scheduler was built with time_copies = false and "
+            "has no timing events");
+  s.timing = timing;
+}
+
+Timing CopyScheduler::timing() const {
+  return impl_->timing;
+}
+
 std::vector<UnitTiming> CopyScheduler::timeline() const {
   Impl& s = *impl_;
   std::vector<UnitTiming> out;
@@ -1209,10 +1276,14 @@ std::vector<UnitTiming> CopyScheduler::timeline() const {
   };
   for (int id : s.trace) {
     const Unit& u = s.units[static_cast<std::size_t>(id)];
-    const int k = u.consumed_pair < 0 ? u.pair : u.consumed_pair;
-    out.push_back(UnitTiming{id, static_cast<std::int64_t>(u.bytes), since_mark(u.copy_starts[k]),
-                             since_mark(u.copy_dones[k]), since_mark(u.wait_start),
-                             since_mark(u.wait_end)});
+    // The copy the latest acquire consumed, or before any acquire the latest copy; untimed ones
+    // (Note [Copy timing]) read as NaN, as does a wait that was not timed.
+    const int k = u.acquired_once ? u.consumed_pair : (u.last_copy_timed ? u.pair : -1);
+    const Event start = k < 0 ? nullptr : u.copy_starts[k];
+    const Event done = k < 0 ? nullptr : u.copy_dones[k];
+    out.push_back(UnitTiming{id, static_cast<std::int64_t>(u.bytes), since_mark(start),
+                             since_mark(done), since_mark(u.wait_timed ? u.wait_start : nullptr),
+                             since_mark(u.wait_timed ? u.wait_end : nullptr)});
   }
   return out;
 }

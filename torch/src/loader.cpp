@@ -308,13 +308,27 @@ void WeightSource::read(const std::vector<Read>& reads, const RecordEvent& event
 }
 
 Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const {
+  // Note [Disk unit reads]: one pread at a time reaches about 0.8 of an NVMe drive's sequential
+  // bandwidth, with the scheduler's two reader threads each reading one unit; the drive needs
+  // more requests in flight. So a unit's tensors are read in 8 MiB pieces by several threads,
+  // half of the load's workers per unit (the two readers together keep all of them busy). The
+  // threads live for one unit read (tens of microseconds against milliseconds of reading).
+  std::vector<core::ReadJob> direct;
+  for (const Read& r : reads) {
+    const core::CheckpointTensor& t = find(r.name);
+    if (to_scalar_type(t.dtype) == r.dtype) {
+      direct.push_back({checkpoint_.by_name.at(t.name), 0, t.bytes,
+                        base + reinterpret_cast<std::uintptr_t>(r.dst)});
+    }
+  }
+  if (!direct.empty()) {
+    DDO_RETURN_IF_ERROR(
+        reader_->read_all(direct, std::max(2, workers_ / 2), {}, std::uint64_t{8} << 20));
+  }
   for (const Read& r : reads) {
     const core::CheckpointTensor& t = find(r.name);
     char* dst = base + reinterpret_cast<std::uintptr_t>(r.dst);
-    if (to_scalar_type(t.dtype) == r.dtype) {
-      DDO_RETURN_IF_ERROR(reader_->read(t, 0, dst, t.bytes));
-      continue;
-    }
+    if (to_scalar_type(t.dtype) == r.dtype) continue;
     try {
       at::Tensor raw = at::empty(t.shape, at::TensorOptions().dtype(to_scalar_type(t.dtype)));
       DDO_RETURN_IF_ERROR(reader_->read(t, 0, raw.data_ptr(), t.bytes));

@@ -134,7 +134,10 @@ double gib(std::int64_t bytes);
 // the compute stream where the region starts, and, after the region's final synchronization,
 // the GPU ms each residency candidate took in the last step (from the scheduler's timeline:
 // the compute stream's time from one unit's acquire to the next, all candidates streamed).
+/// Records the timeline's reference point and times every copy from now on (Timing::kFull).
 void mark_compute_stream(const OffloadState& s);
+/// Back to the steady state's sampled copy timing (Note [Copy timing]).
+void sample_copy_timing(const OffloadState& s);
 std::map<std::string, double> measured_candidate_compute(const OffloadState& s);
 
 }  // namespace ddo::adapter::internal

@@ -82,17 +82,13 @@ nlohmann::json close_region(RegionState& region, bool normally) {
   result.exited_normally = normally && !removed_inside;
   if (region.measuring) {
     if (offload.runtime) offload.runtime->release_held();
-    const MeasurementResult m = offload.probe->stop_sampling();
-    core::MeasurementInputs& in = result.inputs;
-    in.driver_used_start_bytes = m.start.driver_used_bytes;
-    in.driver_used_end_bytes = m.end.driver_used_bytes;
-    in.driver_used_samples_bytes = {m.peak_driver_used_bytes};
-    in.allocator_reserved_start_bytes = m.start.allocator_reserved_bytes;
-    in.allocator_peak_reserved_bytes = m.allocator_peak_reserved_bytes;
+    // The probe's figures as core's peak rule reads them (Note [Peak rule]).
+    result.inputs = to_measurement_inputs(offload.probe->stop_sampling());
     // stop_sampling synchronized the device, so the last step's events are complete.
     if (result.exited_normally && offload.prepared.region == core::RegionAction::kCalibrate) {
       result.candidate_compute_ms = measured_candidate_compute(offload);
     }
+    sample_copy_timing(offload);  // the region is measured; later steps pay the steady cost
   }
   core::ProfileReport report;
   Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);

@@ -50,6 +50,21 @@ namespace ddo::engine {
 /// thread-safe. A failure is returned, not thrown (an exception becomes a kInternal status).
 using UnitReader = std::function<Status(void* dst)>;
 
+/// What a CopyScheduler times with device events (Note [Copy timing] in copy_scheduler.cpp).
+enum class Timing : std::uint8_t {
+  kOff,      ///< nothing: no timing event is recorded; copy_ms and wait_ms stop growing
+  kSampled,  ///< one copy in every kTimingSampleEvery, and one acquire wait in as many
+  kFull,     ///< every copy and every acquire wait: timeline(), calibration
+};
+
+/// "off", "sampled" or "full", as reports write it.
+constexpr const char* timing_name(Timing timing) {
+  return timing == Timing::kFull ? "full" : timing == Timing::kSampled ? "sampled" : "off";
+}
+
+/// In Timing::kSampled, one copy (and one acquire wait) in this many is timed.
+inline constexpr std::uint32_t kTimingSampleEvery = 16;
+
 /// How a CopyScheduler sizes its staging area and issues its copies.
 struct SchedulerOptions {
   /// Staging area size; 0 = window + 2 x the largest unit.
@@ -59,7 +74,7 @@ struct SchedulerOptions {
   std::size_t window_bytes = 0;
   /// false: copies are issued on the compute stream (no side stream, e.g. under WSL).
   bool use_side_stream = true;
-  /// Time copies with events (device time); costs two event records per copy.
+  /// Creates the timing events, and starts in Timing::kFull; false: Timing::kOff for good.
   bool time_copies = true;
   /// Pinned host ring for disk-tier units, rounded up to 256 bytes; 0 = core::size_disk_ring
   /// without a room bound (window + 2 x the largest disk unit, at most the disk units' total).
@@ -77,8 +92,12 @@ struct SchedulerStats {
   std::int64_t on_demand = 0;             ///< acquired units copied only when asked
   std::int64_t order_misses = 0;          ///< acquires that did not match the trace
   std::int64_t relearns = 0;              ///< times the trace was learned again
-  double copy_ms = 0.0;                   ///< device time spent copying (timing events)
-  double wait_ms = 0.0;                   ///< host-observed time the compute side waited for copies
+  double copy_ms = 0.0;                   ///< SUM: device time of the timed copies
+  double wait_ms = 0.0;                   ///< SUM: device time the compute stream waited (timed)
+  std::int64_t timed_copies = 0;          ///< COUNT: copies in copy_ms
+  std::int64_t timed_copy_bytes = 0;      ///< SUM: bytes of the copies in copy_ms
+  std::int64_t waits = 0;                 ///< COUNT: acquires whose stream waited on a copy
+  std::int64_t timed_waits = 0;           ///< COUNT: acquire waits in wait_ms
   std::int64_t staging_bytes = 0;         ///< size of the staging area
   std::int64_t peak_in_flight_bytes = 0;  ///< most bytes copied ahead and not yet released at once
   std::size_t trace_length = 0;           ///< units in the learned acquire order
@@ -132,10 +151,16 @@ class CopyScheduler {
   void drain();
 
   /// Diagnostics (time_copies only): records a reference point on `stream`, e.g. where a step
-  /// begins; timeline() then returns every unit of the trace in trace order, timed against it.
-  /// Call timeline() after the stream is synchronized; it never blocks.
+  /// begins; timeline() then returns every unit of the trace in trace order, timed against it
+  /// (complete in Timing::kFull; untimed copies and waits read NaN). Call timeline() after the
+  /// stream is synchronized; it never blocks.
   void mark(Stream stream);
   std::vector<UnitTiming> timeline() const;  ///< see mark()
+
+  /// What is timed from the next copy and acquire on; anything but kOff needs time_copies
+  /// (kFailedPrecondition otherwise). Samples already recorded are still harvested.
+  void set_timing(Timing timing);
+  Timing timing() const;
 
   SchedulerStats stats() const;       ///< the counters so far
   void reset_stats();                 ///< zeroes the counters (the trace is kept)
