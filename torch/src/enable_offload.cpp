@@ -1255,6 +1255,11 @@ void Offload::mark_step() {
   internal::mark_compute_stream(*state_);
 }
 
+void Offload::time_all_copies(bool on) {
+  if (!state_->runtime) return;
+  state_->runtime->scheduler->set_timing(on ? engine::Timing::kFull : engine::Timing::kSampled);
+}
+
 nlohmann::json Offload::timeline() const {
   nlohmann::json out = nlohmann::json::array();
   if (!state_->runtime) return out;

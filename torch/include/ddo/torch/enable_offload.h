@@ -141,6 +141,9 @@ class Offload {
   /// one copy in 16 is (report()'s run.timing).
   void mark_step();
   nlohmann::json timeline() const;  ///< see mark_step()
+  /// Diagnostics: true times every copy and wait from now on (as mark_step() does), false
+  /// returns to the steady state's one copy in 16 (Note [Copy timing]).
+  void time_all_copies(bool on);
 
  private:
   friend std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions&);
