@@ -23,13 +23,15 @@
 
 namespace ddo {
 
-/// Few codes, each named by what the caller should do about it.
+/// Few codes, each named by what the caller should do about it. The Python class of each is the
+/// binding's one error table (python/src/errors.cpp; docs/design/0003-python.md): a full device
+/// is torch.OutOfMemoryError, in setup as in a step, and so is any memory that ran out.
 enum class Code {
   kOk = 0,
   kInvalidArgument,     ///< the caller passed a bad value: fix the input (Python: ValueError)
   kFailedPrecondition,  ///< the call is not allowed in this state (Python: RuntimeError)
-  kNotFound,            ///< a named thing does not exist (Python: KeyError/FileNotFoundError)
-  kResourceExhausted,   ///< memory (device, pinned, host) ran out (Python: MemoryError)
+  kNotFound,            ///< a named thing does not exist (Python: ddo.NotFoundError)
+  kResourceExhausted,   ///< device, pinned or host memory ran out (Python: torch.OutOfMemoryError)
   kUnavailable,         ///< the device or platform feature is missing (Python: RuntimeError)
   kDataLoss,            ///< a stored file is corrupt or foreign (Python: ValueError)
   kInternal,            ///< a ddo bug: an invariant did not hold (Python: RuntimeError)
