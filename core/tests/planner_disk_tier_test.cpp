@@ -329,7 +329,7 @@ TEST(DiskTier, UnitsALoaderPinnedStayOnTheHost) {
   EXPECT_LE(plan.host_tier_bytes() + plan.disk_ring_bytes, 12 * kGB);
   // Below what the loader's pins already take, the error says so.
   try {
-    (void)make_plan(inv, capped(gb(plan.loader_pinned_bytes) - 1), in_file());
+    (void)make_plan(inv, capped(bytes_to_gib(plan.loader_pinned_bytes) - 1), in_file());
     FAIL() << "the loader's pins alone exceed the cap";
   } catch (const Error& e) {
     EXPECT_TRUE(contains(e.what(), "a loader already pinned")) << e.what();

@@ -103,7 +103,7 @@ TEST(PlannerPin, SnapsToFullAt95PercentButNeverPastTheMaximum) {
   EXPECT_EQ(plan.pinned_bytes, plan.pin_candidate_bytes);
 
   config.pin_weight_budget_ratio = 0;
-  config.max_pin_weight_budget_gb = gb(plan.pin_candidate_bytes * 97 / 100);
+  config.max_pin_weight_budget_gb = bytes_to_gib(plan.pin_candidate_bytes * 97 / 100);
   plan = make_plan(inv, config, ctx);
   EXPECT_FALSE(plan.has_decision("pin_snap_95"));
   EXPECT_LT(plan.pinned_bytes, plan.pin_candidate_bytes);
@@ -118,7 +118,7 @@ TEST(PlannerPin, PartialPinSelectionOrders) {
   const ModelInventory inv = b.take();
   DynamicOffloadConfig config = pin_config();
   config.resident_module_patterns.clear();
-  config.pin_weight_budget_gb = gb(5 * unit);
+  config.pin_weight_budget_gb = bytes_to_gib(5 * unit);
   auto pinned = [&](Selection s) {
     config.pin_weight_selection = s;
     const Plan plan = make_plan(inv, config, {});
@@ -186,7 +186,7 @@ TEST(PlannerSdnq, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) 
   config.execution_mode = ExecutionMode::kSdnqRuntime;
   config.pin_cpu_memory = true;
   config.resident_module_patterns.clear();
-  config.pin_weight_budget_gb = gb(loader_bytes / 2);  // ceiling below the loader's pins
+  config.pin_weight_budget_gb = bytes_to_gib(loader_bytes / 2);  // ceiling below the loader's pins
   PlanContext ctx;
   ctx.available_ram_bytes = 512 * kGB;
   const Plan plan = make_plan(inv, config, ctx);
@@ -241,7 +241,7 @@ TEST(PlannerSdnq, NewPinsBoundedByCeilingRatioMaximumAndRam) {
   EXPECT_EQ(plan.pin_budget_bytes, all / 2);
   EXPECT_LE(plan.pinned_bytes, all / 2);
 
-  config.max_pin_weight_budget_gb = gb(all / 4);
+  config.max_pin_weight_budget_gb = bytes_to_gib(all / 4);
   plan = make_plan(inv, config, ctx);
   EXPECT_EQ(plan.pin_budget_bytes, all / 4);
 

@@ -68,7 +68,7 @@ TEST(PlannerSelection, MeasuredComputePlacesResidentsInAPlan) {
   DynamicOffloadConfig config = linear_config();
   config.resident_module_patterns = {"auto_all"};
   config.resident_module_selection = Selection::kSpread;
-  config.resident_module_budget_gb = gb(8 * double_block_bytes(128));
+  config.resident_module_budget_gb = bytes_to_gib(8 * double_block_bytes(128));
   PlanContext ctx;
   // Every double block 1 ms, every single block 3 ms: the singles carry most of the compute.
   for (int i = 0; i < 19; ++i)
@@ -103,7 +103,7 @@ TEST(PlannerSelection, GreedyFillSkipsWhatDoesNotFitAndKeepsGoing) {
 
 TEST(PlannerSelection, ResidentFirstLargestSpreadInAPlan) {
   DynamicOffloadConfig config = linear_config();
-  config.resident_module_budget_gb = gb(3 * double_block_bytes(128));
+  config.resident_module_budget_gb = bytes_to_gib(3 * double_block_bytes(128));
   config.resident_module_selection = Selection::kFirst;
   Plan plan = make_plan(flux_inventory(), config, {});
   EXPECT_EQ(resident_blocks(plan, "transformer_blocks"),
@@ -129,7 +129,7 @@ TEST(PlannerSelection, ResidentFirstLargestSpreadInAPlan) {
   // Largest over lists of different sizes (auto_all): double blocks (36 h^2) come first.
   config.resident_module_patterns = {"auto_all"};
   config.resident_module_selection = Selection::kLargest;
-  config.resident_module_budget_gb = gb(2 * double_block_bytes(128));
+  config.resident_module_budget_gb = bytes_to_gib(2 * double_block_bytes(128));
   plan = make_plan(flux_inventory(), config, {});
   EXPECT_EQ(resident_blocks(plan, "transformer_blocks").size(), 2u);
   EXPECT_TRUE(resident_blocks(plan, "single_transformer_blocks").empty());
@@ -142,7 +142,7 @@ TEST(PlannerSelection, GreedyFillInAPlanUsesSmallerBlocksAfterALargeOneDoesNotFi
   // One double block (36 h^2) plus half a double block: a second double block does not fit, but
   // single blocks (10 h^2 streamable: proj_out is always resident) do.
   const std::int64_t single = 10 * 128 * 128 * 2;
-  config.resident_module_budget_gb = gb(double_block_bytes(128) + 2 * single);
+  config.resident_module_budget_gb = bytes_to_gib(double_block_bytes(128) + 2 * single);
   const Plan plan = make_plan(flux_inventory(), config, {});
   EXPECT_EQ(resident_blocks(plan, "transformer_blocks"),
             std::vector<std::string>{"transformer_blocks.0"});

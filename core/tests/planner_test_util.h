@@ -15,14 +15,13 @@
 
 #include "ddo/core/inventory.h"
 #include "ddo/core/planner.h"
+#include "ddo/core/units.h"
 
 namespace ddo::core::planner_test {
 
-inline constexpr std::int64_t kGB = std::int64_t{1} << 30;
-
-inline double gb(std::int64_t bytes) {
-  return static_cast<double>(bytes) / kGiB;
-}
+// A GiB in bytes, as the planner's *_gb fields count it; byte counts go back to those fields
+// through core::bytes_to_gib (ddo/core/units.h).
+inline constexpr std::int64_t kGB = kGiBBytes;
 
 // Builds a FLUX-like inventory (diffusers module names) with hidden size `h`, bf16.
 class InventoryBuilder {

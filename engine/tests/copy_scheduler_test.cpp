@@ -131,7 +131,9 @@ TEST_P(CopySchedulerTest, EveryAcquireIsCorrectAndPrefetchHitsAfterTheFirstPass)
   EXPECT_EQ(first.prefetch_hits, 0);
   // The caller waited for on-demand copies: measurable at the simulation's 400 MB/s; a card's
   // copy of a few hundred KiB may land before the wait is recorded.
-  if (sim()) EXPECT_GT(first.wait_ms, 0.0);
+  if (sim()) {
+    EXPECT_GT(first.wait_ms, 0.0);
+  }
 
   rig->scheduler->reset_stats();
   for (int pass = 0; pass < 5; ++pass) EXPECT_EQ(rig->run(order), 0) << "pass " << pass;
@@ -177,11 +179,15 @@ TEST_P(CopySchedulerTest, StagingAndDeviceStayWithinTheirSizes) {
   const std::size_t staging = rig->scheduler->staging_bytes();
   EXPECT_GE(staging, (600u << 10) + 2 * rig->largest);
   // The simulated arena holds the staging area alone; a card's driver figure holds far more.
-  if (sim()) EXPECT_EQ(rig->device->memory().used_bytes, static_cast<std::int64_t>(staging));
+  if (sim()) {
+    EXPECT_EQ(rig->device->memory().used_bytes, static_cast<std::int64_t>(staging));
+  }
   const auto order = rig->identity();
   for (int pass = 0; pass < 6; ++pass) ASSERT_EQ(rig->run(order), 0);
   EXPECT_LE(static_cast<std::size_t>(rig->hi - rig->lo), staging);
-  if (sim()) EXPECT_EQ(rig->device->memory().used_bytes, static_cast<std::int64_t>(staging));
+  if (sim()) {
+    EXPECT_EQ(rig->device->memory().used_bytes, static_cast<std::int64_t>(staging));
+  }
   EXPECT_LE(rig->device->memory().used_bytes, rig->device->memory().total_bytes);
   EXPECT_EQ(rig->scheduler->stats().staging_bytes, static_cast<std::int64_t>(staging));
 }

@@ -15,6 +15,7 @@
 #include <malloc.h>  // _aligned_malloc
 #endif
 
+#include "ddo/core/units.h"
 #include "ddo/engine/device.h"
 #include "ddo/engine/sim_faults.h"
 
@@ -43,14 +44,12 @@ constexpr std::size_t kDeviceAlignment = 64;
 // Pinned host memory from the driver is page-aligned; callers may rely on it.
 constexpr std::size_t kHostAlignment = 4096;
 
-std::size_t round_up(std::size_t bytes, std::size_t alignment) {
-  return (bytes + alignment - 1) / alignment * alignment;
-}
+using core::align_up;  // the one definition (ddo/core/units.h); both alignments are powers of two
 
 void* aligned_host_alloc(std::size_t bytes, std::size_t alignment) {
   // aligned_alloc needs a size that is a multiple of the alignment; zero-byte requests still get
   // a unique address so deallocate() can find them.
-  const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), alignment);
+  const std::size_t size = align_up(std::max<std::size_t>(bytes, 1), alignment);
 #ifdef _WIN32
   return _aligned_malloc(size, alignment);  // the C runtime of Windows has no aligned_alloc
 #else
