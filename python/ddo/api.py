@@ -318,26 +318,6 @@ def _refuse_compiled(model: nn.Module) -> None:
             )
 
 
-def _resolved_skip_patterns(
-    preset: Optional[str],
-    settings: Optional[DynamicOffloadSettings],
-    config: Any,
-    overrides: Mapping[str, Any],
-) -> list[str]:
-    # The skip patterns enable_offload will use, before the kept modules are added: the override
-    # order of ddo::adapter's resolve_settings (overrides > settings > config > preset and DDO_*
-    # variables). That function is private to torch/src/enable_offload.cpp; until it is exported
-    # this is its one Python copy, used only when the walk kept a module (a tensor subclass).
-    if "skip_modules_pattern" in overrides:
-        value = overrides["skip_modules_pattern"]
-        return [value] if isinstance(value, str) else list(value)
-    if settings is not None:
-        return settings.config.skip_modules_pattern
-    if config is not None:
-        return DynamicOffloadConfig.from_dict(_config_fields(config)).skip_modules_pattern
-    return DynamicOffloadSettings.from_env(preset).config.skip_modules_pattern
-
-
 # The seed library's route names (and ddo's own) -> ddo's route spelling.
 _ROUTES = {
     "dynamic": "dynamic",
@@ -469,16 +449,14 @@ def _enable(
     overrides = dict(overrides)
     # preset=None means "DDO_PRESET, else auto": resolve through the settings loader. So does
     # a replaced environment or a stated platform fact (the library's environ= / running_on_wsl=).
-    # Before the skip patterns below, so they are read from the environment the host gave.
     if settings is None and (
         (config is None and preset is None) or env is not None or wsl is not None
     ):
         settings = DynamicOffloadSettings.from_env(preset, config, env=env, wsl=wsl)
         config = None
-    skipped = [k for k in kept if not k.get("placed")]
-    if skipped:
-        patterns = _resolved_skip_patterns(preset, settings, config, overrides)
-        overrides["skip_modules_pattern"] = patterns + [_anchored(k["module"]) for k in skipped]
+    # Kept modules stay where they are whatever the settings say: C++ appends these after it
+    # resolves skip_modules_pattern (OffloadOptions::extra_skip_patterns).
+    extra_skip = [_anchored(k["module"]) for k in kept if not k.get("placed")]
 
     progress = SetupProgress(label or model_class, record_event)
     progress.start()
@@ -497,7 +475,8 @@ def _enable(
         if jit:
             native = _C.enable_offload_jit(model, **native_args)
         else:
-            native = _C.enable_offload_tree(model_class, entries, load=load, **native_args)
+            native = _C.enable_offload_tree(model_class, entries, load=load,
+                                            extra_skip_patterns=extra_skip, **native_args)
     except BaseException:
         progress.close(failed=True)
         raise

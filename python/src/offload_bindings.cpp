@@ -143,6 +143,7 @@ adapter::OffloadOptions offload_options(const OffloadArgs& args) {
     check_override_names(options.overrides);
   }
   options.execution_device = args.execution_device;
+  options.extra_skip_patterns = args.extra_skip_patterns;
   options.model_class = args.model_class;
   if (!args.env.is_none()) {
     auto env = args.env.cast<std::map<std::string, std::string>>();
@@ -289,8 +290,9 @@ void bind_offload(py::module_& m) {
          bool build_profile, const core::DynamicOffloadSettings* settings, py::object config,
          py::object overrides, const std::string& execution_device, py::object record_event,
          py::object env, std::shared_ptr<engine::Device> device, bool check_signals,
-         py::object load) {
+         py::object load, std::vector<std::string> extra_skip_patterns) {
         OffloadArgs args;
+        args.extra_skip_patterns = std::move(extra_skip_patterns);
         args.model_class = model_class;
         args.entries = entries;
         args.preset = preset;
@@ -312,7 +314,7 @@ void bind_offload(py::module_& m) {
       py::arg("config") = py::none(), py::arg("overrides") = py::none(),
       py::arg("execution_device") = "", py::arg("record_event") = py::none(),
       py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true,
-      py::arg("load") = py::none());
+      py::arg("load") = py::none(), py::arg("extra_skip_patterns") = std::vector<std::string>{});
 
   // The loader (ddo/torch/loader.h).
   m.def(

@@ -26,6 +26,7 @@ namespace py = pybind11;
 
 // What both enable bindings take from Python besides the module.
 struct OffloadArgs {
+  std::vector<std::string> extra_skip_patterns;  ///< OffloadOptions::extra_skip_patterns
   std::string model_class;            // "" = the tree's own (the C++ class name of the root)
   py::list entries;                   // the Python tree (offload_bindings.cpp only)
   std::optional<std::string> preset;  // None: DDO_PRESET, else auto

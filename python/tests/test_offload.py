@@ -131,6 +131,25 @@ def test_tensor_subclass_parameters_are_kept_with_a_reason():
     offload.remove()
 
 
+@torch.no_grad()
+def test_kept_modules_are_skipped_on_top_of_the_users_skip_patterns():
+    # C++ appends the kept module after it resolves skip_modules_pattern from the overrides,
+    # so both the user's pattern and the tensor-subclass module stay where they are.
+    model = TinyNet().eval()
+    ids = tiny_inputs()
+    lin = model.blocks[1][0]
+    lin.weight = nn.Parameter(lin.weight.detach().clone().as_subclass(ScaledTensor))
+    expected = model(ids)
+    offload = ddo.enable_offload(model, skip_modules_pattern=[r"^blocks\.0\.0$"], **STREAM_ALL)
+    patterns = offload.settings.config.skip_modules_pattern
+    assert patterns == [r"^blocks\.0\.0$", r"^blocks\.1\.0$"]
+    assert not _C.is_managed(model.blocks[0][0].weight)
+    assert not _C.is_managed(lin.weight)
+    assert _C.is_managed(model.blocks[2][0].weight)
+    assert torch.equal(model(ids), expected)
+    offload.remove()
+
+
 class Interrupt(KeyboardInterrupt):
     pass
 

@@ -312,6 +312,8 @@ core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
   if (!options.execution_device.empty()) c.execution_device = options.execution_device;
   if (!options.profile_name.empty()) c.profile_name = options.profile_name;
   if (options.build_profile) c.build_profile = true;
+  c.skip_modules_pattern.insert(c.skip_modules_pattern.end(), options.extra_skip_patterns.begin(),
+                                options.extra_skip_patterns.end());
   throw_if_error(core::validate_config(c));
   return settings;
 }

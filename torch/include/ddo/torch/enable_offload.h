@@ -74,6 +74,10 @@ struct OffloadOptions {
   std::optional<core::DynamicOffloadConfig> config;  ///< see `settings`
   /// Per-field overrides by spec name; unknown names are an error listing them.
   nlohmann::json overrides = nlohmann::json::object();
+  /// Patterns appended to skip_modules_pattern after everything above is resolved: modules the
+  /// host keeps where they are (e.g. the Python package's tensor subclasses ddo cannot stream),
+  /// whatever the preset, environment, config and overrides say.
+  std::vector<std::string> extra_skip_patterns;
   std::string execution_device;  ///< "" = the config's (default "cuda:0")
   RecordEvent record_event;      ///< called once per setup event; may be empty
   std::string model_class;       ///< "" = the demangled C++ class of the module
