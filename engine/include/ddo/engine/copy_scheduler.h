@@ -160,7 +160,7 @@ class CopyScheduler {
   /// What is timed from the next copy and acquire on; anything but kOff needs time_copies
   /// (kFailedPrecondition otherwise). Samples already recorded are still harvested.
   void set_timing(Timing timing);
-  Timing timing() const;
+  Timing timing() const;  ///< the mode set_timing() (or time_copies) chose
 
   SchedulerStats stats() const;       ///< the counters so far
   void reset_stats();                 ///< zeroes the counters (the trace is kept)

@@ -24,8 +24,9 @@ namespace ddo::adapter {
 
 /// The router's decision for a pipeline.
 struct PipelineRouting {
+  /// One component and the route it takes.
   struct Component {
-    std::string name;
+    std::string name;                           ///< the component's name in the pipeline
     core::Route route = core::Route::kDynamic;  ///< settings.policy_for(name).route
   };
   std::vector<Component> components;  ///< in the order the names were given
