@@ -187,12 +187,12 @@ struct Unit {
   Event copy_dones[2] = {nullptr, nullptr};
   Event fast_done = nullptr;
   Event last_done = nullptr;
-  int pair = 0;                  // the pair of the latest timed copy
-  int consumed_pair = -1;        // the pair of the copy the latest acquire used; -1: untimed
-  bool acquired_once = false;    // consumed_pair is meaningful
-  bool last_copy_timed = false;  // the latest copy recorded copy_dones[pair]
-  bool wait_timed = false;       // the latest acquire's wait was timed (wait_start, wait_end)
+  int pair = 0;                // the pair of the latest timed copy
+  int consumed_pair = -1;      // the pair of the copy the latest acquire used; -1: untimed
+  bool acquired_once = false;  // consumed_pair is meaningful
+  bool wait_timed = false;     // the latest acquire's wait was timed (wait_start, wait_end)
   Event copy_done() const { return last_done; }
+  bool last_copy_timed() const { return last_done != fast_done; }  // recorded copy_dones[pair]
   Event wait_start = nullptr;
   Event wait_end = nullptr;
   bool copy_timing_pending = false;
@@ -518,7 +518,6 @@ struct CopyScheduler::Impl {
     in_flight_bytes += static_cast<std::int64_t>(u.bytes);
     // An untimed copy leaves a pending sample of the pair alone: its events are not recorded.
     u.last_done = timed ? u.copy_dones[u.pair] : u.fast_done;
-    u.last_copy_timed = timed;
     device.record_event(u.last_done, stream);
     if (timed) u.copy_timing_pending = true;
     stats.bytes_copied += static_cast<std::int64_t>(u.bytes);
@@ -1187,7 +1186,7 @@ void* CopyScheduler::acquire(int id, Stream stream) {
       break;
   }
   u.state = UnitState::kAcquired;
-  u.consumed_pair = u.last_copy_timed ? u.pair : -1;
+  u.consumed_pair = u.last_copy_timed() ? u.pair : -1;
   u.acquired_once = true;
   s.ring[u.slot].state = RegionState::kAcquired;
   s.acquired_bytes += static_cast<std::int64_t>(u.bytes);
@@ -1278,7 +1277,7 @@ std::vector<UnitTiming> CopyScheduler::timeline() const {
     const Unit& u = s.units[static_cast<std::size_t>(id)];
     // The copy the latest acquire consumed, or before any acquire the latest copy; untimed ones
     // (Note [Copy timing]) read as NaN, as does a wait that was not timed.
-    const int k = u.acquired_once ? u.consumed_pair : (u.last_copy_timed ? u.pair : -1);
+    const int k = u.acquired_once ? u.consumed_pair : (u.last_copy_timed() ? u.pair : -1);
     const Event start = k < 0 ? nullptr : u.copy_starts[k];
     const Event done = k < 0 ? nullptr : u.copy_dones[k];
     out.push_back(UnitTiming{id, static_cast<std::int64_t>(u.bytes), since_mark(start),

@@ -1179,8 +1179,7 @@ namespace internal {
 
 void mark_compute_stream(const OffloadState& s) {
   if (!s.runtime) return;
-  // timeline() and calibration read every unit's copy and wait (Note [Copy timing]).
-  s.runtime->scheduler->set_timing(engine::Timing::kFull);
+  time_all_copies(s, true);  // timeline() and calibration read every unit's copy and wait
   engine::Stream stream = engine::kDefaultStream;
   if (s.kind == engine::DeviceKind::kCuda) {
     if (CurrentStreamFn fn = current_stream_fn(); fn != nullptr) {
@@ -1190,8 +1189,10 @@ void mark_compute_stream(const OffloadState& s) {
   s.runtime->scheduler->mark(stream);
 }
 
-void sample_copy_timing(const OffloadState& s) {
-  if (s.runtime) s.runtime->scheduler->set_timing(engine::Timing::kSampled);
+void time_all_copies(const OffloadState& s, bool on) {
+  if (s.runtime) {
+    s.runtime->scheduler->set_timing(on ? engine::Timing::kFull : engine::Timing::kSampled);
+  }
 }
 
 std::map<std::string, double> measured_candidate_compute(const OffloadState& s) {
@@ -1258,8 +1259,7 @@ void Offload::mark_step() {
 }
 
 void Offload::time_all_copies(bool on) {
-  if (!state_->runtime) return;
-  state_->runtime->scheduler->set_timing(on ? engine::Timing::kFull : engine::Timing::kSampled);
+  internal::time_all_copies(*state_, on);
 }
 
 nlohmann::json Offload::timeline() const {

@@ -136,8 +136,8 @@ double gib(std::int64_t bytes);
 // the compute stream's time from one unit's acquire to the next, all candidates streamed).
 /// Records the timeline's reference point and times every copy from now on (Timing::kFull).
 void mark_compute_stream(const OffloadState& s);
-/// Back to the steady state's sampled copy timing (Note [Copy timing]).
-void sample_copy_timing(const OffloadState& s);
+/// true: every copy and wait is timed; false: the steady state's sample (Note [Copy timing]).
+void time_all_copies(const OffloadState& s, bool on);
 std::map<std::string, double> measured_candidate_compute(const OffloadState& s);
 
 }  // namespace ddo::adapter::internal

@@ -88,7 +88,7 @@ nlohmann::json close_region(RegionState& region, bool normally) {
     if (result.exited_normally && offload.prepared.region == core::RegionAction::kCalibrate) {
       result.candidate_compute_ms = measured_candidate_compute(offload);
     }
-    sample_copy_timing(offload);  // the region is measured; later steps pay the steady cost
+    time_all_copies(offload, false);  // the region is measured; later steps pay the steady cost
   }
   core::ProfileReport report;
   Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);
