@@ -75,22 +75,11 @@ TRACER="$ROOT/examples/python/trace_diffusers.py"
 # shellcheck disable=SC2206
 EXTRA=(${DDO_JIT_ARGS:-})
 
-# The ddo package from the build tree, the wheels (.whl: diffusers, ...) from /tmp/ddo-site, as
-# gpu.sh and gpu-w2.sh install them.
-SITE=/tmp/ddo-site
-export PYTHONPATH="$BUILD/python:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PY" -c 'import diffusers' >>"$LOG" 2>&1; then
-  if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
-    if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1; then
-      touch "$SITE/.done"
-    else
-      say "wheel install from .whl failed ($LOG)"
-    fi
-  else
-    say "no diffusers and no wheels in .whl: run scripts/gpu-prepare-deps.sh here and carry .whl"
-  fi
-fi
+# The ddo package from the build tree, the wheels (.whl: diffusers, ...) from /tmp/ddo-site
+# (scripts/gpu-lib.sh, as gpu.sh and gpu-w2.sh install them).
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
+install_wheels diffusers
 [ -x "$FLOW" ] || { say "FATAL: $FLOW is not built (scripts/gpu.sh build)"; exit 1; }
 if ! "$PY" -c 'import ddo, diffusers' >>"$LOG" 2>&1; then
   say "FATAL: cannot import ddo and diffusers ($LOG)"

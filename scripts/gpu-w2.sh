@@ -36,19 +36,10 @@ export SDNQ_USE_TORCH_COMPILE=${SDNQ_USE_TORCH_COMPILE:-0}
 say() { echo "gpu-w2.sh [$(($(date +%s) - T_START))s] $*" | tee -a "$SUMMARY"; }
 
 # The ddo package from the build tree, the wheels (.whl: diffusers, accelerate, sdnq, ...) from
-# /tmp/ddo-site. gpu.sh installs them once per machine; a site made before sdnq travelled lacks
-# it, so install again (upgrading) when anything W2 imports is missing.
-SITE=/tmp/ddo-site
-export PYTHONPATH="$BUILD/python:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PY" -c 'import diffusers, accelerate, sdnq' >>"$LOG" 2>&1; then
-  if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 && touch "$SITE/.done" ||
-      say "wheel install from .whl failed ($W2OUT/log.txt)"
-  else
-    say "no wheels in .whl: run scripts/gpu-prepare-deps.sh here and carry .whl"
-  fi
-fi
+# /tmp/ddo-site, installed again when anything W2 imports is missing (scripts/gpu-lib.sh).
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
+install_wheels "diffusers, accelerate, sdnq"
 "$PY" -c 'import os; os.environ["SDNQ_USE_TORCH_COMPILE"] = "0"
 import torch, diffusers, sdnq
 from importlib.metadata import version

@@ -152,16 +152,10 @@ build() {
     say "WARNING: a shared library carries its own libstdc++ (ctest -R stdlib_, log.txt); the Python package will crash"
 }
 
-# Wheels the GPU machine lacks (diffusers, accelerate, ...), installed once into /tmp/site.
-SITE=/tmp/ddo-site
-install_wheels() {
-  if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 && [ ! -f "$SITE/.done" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 && touch "$SITE/.done" ||
-      say "wheel install from .whl failed (log.txt)"
-  fi
-  export PYTHONPATH="$BUILD/python${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
-}
+# Wheels the GPU machine lacks (diffusers, accelerate, ...), installed once into /tmp/ddo-site:
+# install_wheels (scripts/gpu-lib.sh).
+# shellcheck source=scripts/gpu-lib.sh
+. "$ROOT/scripts/gpu-lib.sh"
 
 run_tests() {
   local tlog="$OUT/.ctest.txt"

@@ -1,60 +1,82 @@
-"""Shared pieces of the Python benchmarks (W1-py, W2): the FLUX model kept where it was built, a
-step loop that returns its output, and one ddo row (enable_offload, profile_run, counters).
-
-The measurement helpers themselves (VramMonitor, measure_b_pinned, host RSS, inputs, sizes) are
-w1_py.py's and are re-exported from here, so both benchmarks measure the same way:
+"""Shared pieces of the Python benchmarks (W1-py, W2, load_from_disk, warm_attach): the workload
+sizes, FLUX with seeded random weights and its inputs, the measurement helpers (VramMonitor,
+measure_b_pinned, host RSS, the step loop), one ddo row (enable_offload, profile_run, counters),
+a row run in a child process, and the machine facts. The benchmarks measure the same way because
+they run this code; their tables come from bench_tables.py.
 
     import bench_common as bc
-    model = bc.build_on_device("tiny", "cpu")           # seeded random bf16, left on "cpu"
+    bc.set_logger(log)                                  # the helpers' log lines go through log
+    model, seconds = bc.build_on_device("tiny", "cpu")  # seeded random bf16, left on "cpu"
     first, times, finite, out = bc.run_steps_out(model, inputs, 5, cuda=False)
     bc.ddo_row(ctx, row, model, cap=8.0, calibrate=True, name="w2-int8-cap8")
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_tables import fmt
 
-import w1_py  # noqa: E402  (the W1-py benchmark: its helpers are the shared measurement code)
-from w1_py import (  # noqa: E402,F401  (re-exported)
-    GB,
-    GiB,
-    SIZES,
-    VramMonitor,
-    clear_cap,
-    default_commit,
-    fill_step_figures,
-    host_rss_gib,
-    machine_facts,
-    make_inputs,
-    measure_b_pinned,
-    reset_host_peak,
-    sync,
-    trim_host_memory,
-    write_atomic,
-)
+GiB = 1 << 30
+GB = 1e9
 
 # The host simulation's capacity for an "uncapped" ddo row (--device sim): larger than any tiny
 # model with its activations.
 SIM_UNCAPPED_GB = 8.0
 
 
+def _print_log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+_log = _print_log
+
+
 def set_logger(fn) -> None:
-    """Routes the shared helpers' log lines (B_pinned, VmHWM, ...) through ``fn``."""
-    w1_py.log = fn
+    """Routes the shared helpers' log lines (B_pinned, VmHWM, model build, ...) through ``fn``."""
+    global _log
+    _log = fn
 
 
 def log(msg: str) -> None:
-    w1_py.log(msg)
+    _log(msg)
 
 
-def build_on_device(size: str, device: str):
-    """FluxTransformer2DModel with W1-py's seeded random bf16 weights (same seed and fill as
-    w1_py.build_model), left on ``device``: the caller decides when (and whether) it goes to the
-    host, e.g. after quantizing it on the GPU. Returns (model, seconds)."""
+# ---------------------------------------------------------------------------------------------
+# Workload sizes, the model, its inputs.
+# ---------------------------------------------------------------------------------------------
+
+SIZES = {
+    # FluxTransformer2DModel's defaults are FLUX.1's; FLUX.1-dev adds the guidance embedding.
+    "full": dict(config=dict(guidance_embeds=True), grid=(64, 64), txt=512),
+    "tiny": dict(
+        config=dict(
+            # hidden 512: the larger matrices (2-3 MiB) are above one_shot_fast's 1 MiB
+            # small-tensor threshold, and the streamed bytes exceed the staging ring, so the tiny
+            # size streams every step too
+            patch_size=1, in_channels=16, num_layers=4, num_single_layers=8, attention_head_dim=64,
+            num_attention_heads=8, joint_attention_dim=64, pooled_projection_dim=32,
+            guidance_embeds=True, axes_dims_rope=(16, 24, 24),
+        ),
+        grid=(4, 4),
+        txt=8,
+    ),
+}
+
+
+def _construct_and_fill(size: str, device: str):
+    """FluxTransformer2DModel constructed on ``device`` with seeded random bf16 weights:
+    N(0, 0.02) for matrices, ones for norm weights and zeros for biases, so activations stay
+    finite. Returns (model, construct seconds, fill seconds)."""
     import torch
     from diffusers import FluxTransformer2DModel
 
@@ -67,6 +89,8 @@ def build_on_device(size: str, device: str):
     finally:
         torch.set_default_dtype(previous)
     model.eval().requires_grad_(False)
+    t_construct = time.perf_counter() - t0
+
     gen = torch.Generator(device=device).manual_seed(1234)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -78,7 +102,38 @@ def build_on_device(size: str, device: str):
                 p.zero_()
     if device != "cpu":
         torch.cuda.synchronize()
-    return model, time.perf_counter() - t0
+    return model, t_construct, time.perf_counter() - t0 - t_construct
+
+
+def build_on_device(size: str, device: str):
+    """The seeded model (build_model's weights), left on ``device``: the caller decides when
+    (and whether) it goes to the host, e.g. after quantizing it on the GPU. Returns (model,
+    seconds)."""
+    model, t_construct, t_fill = _construct_and_fill(size, device)
+    return model, t_construct + t_fill
+
+
+def build_model(size: str, device: str):
+    """The seeded model, constructed on ``device`` (the GPU for the full size: default init of
+    12B parameters on the host takes minutes), then moved to the host: one host copy. Returns
+    (model, bytes, parameters, build timings)."""
+    import torch
+
+    t0 = time.perf_counter()
+    model, t_construct, t_fill = _construct_and_fill(size, device)
+    model.to("cpu")
+    if device != "cpu":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    seconds = time.perf_counter() - t0
+    nbytes = model_bytes(model)
+    params = sum(p.numel() for p in model.parameters())
+    build = dict(seconds=seconds, construct_s=t_construct, fill_s=t_fill,
+                 to_host_s=seconds - t_construct - t_fill)
+    log(f"built FluxTransformer2DModel ({size}) on {device}: {params / 1e9:.2f} B parameters, "
+        f"{nbytes / GB:.2f} GB bf16 in {seconds:.1f} s (construct {t_construct:.1f}, fill "
+        f"{t_fill:.1f}, to host {build['to_host_s']:.1f})")
+    return model, nbytes, params, build
 
 
 def model_bytes(model) -> int:
@@ -86,9 +141,222 @@ def model_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def make_inputs(size: str, device: str, guidance: bool):
+    import torch
+
+    spec = SIZES[size]
+    cfg = SIZES[size]["config"]
+    h, w = spec["grid"]
+    g = torch.Generator().manual_seed(7)
+    bf16 = torch.bfloat16
+    in_ch = cfg.get("in_channels", 64)
+    joint = cfg.get("joint_attention_dim", 4096)
+    pooled = cfg.get("pooled_projection_dim", 768)
+    img_ids = torch.zeros(h, w, 3)
+    img_ids[..., 1] = torch.arange(h)[:, None]
+    img_ids[..., 2] = torch.arange(w)[None, :]
+    inputs = dict(
+        hidden_states=torch.randn(1, h * w, in_ch, generator=g).to(bf16),
+        encoder_hidden_states=torch.randn(1, spec["txt"], joint, generator=g).to(bf16),
+        pooled_projections=torch.randn(1, pooled, generator=g).to(bf16),
+        timestep=torch.tensor([0.5], dtype=bf16),
+        img_ids=img_ids.reshape(h * w, 3).to(bf16),
+        txt_ids=torch.zeros(spec["txt"], 3, dtype=bf16),
+    )
+    if guidance:
+        inputs["guidance"] = torch.tensor([3.5], dtype=bf16)
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement helpers.
+# ---------------------------------------------------------------------------------------------
+
+
+def sync(cuda: bool) -> None:
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def reset_host_peak() -> bool:
+    """Resets VmHWM to the current RSS (Linux: "5" > /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        log("cannot reset VmHWM (/proc/self/clear_refs): peak RSS is the process's peak so far")
+        return False
+
+
+def host_rss_gib() -> tuple[float | None, float | None]:
+    """(VmRSS, VmHWM) in GiB."""
+    rss = hwm = None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024 / GiB
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024 / GiB
+    except OSError:
+        pass
+    return rss, hwm
+
+
+def trim_host_memory() -> None:
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except Exception:
+        pass
+
+
+class VramMonitor:
+    """Peak device memory of one row: torch's peak reserved, and the driver view (total - free,
+    device-wide) sampled by a thread every ``interval_s``. ``foreign`` is device memory held by
+    other processes (the parent of a subprocess row), subtracted from the driver view."""
+
+    def __init__(self, cuda: bool, interval_s: float, foreign_bytes: int = 0) -> None:
+        self.cuda = cuda
+        self.interval_s = interval_s
+        self.foreign = foreign_bytes
+        self.peak_driver = 0
+        self.baseline = 0
+        self.peak_reserved = 0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _used(self) -> int:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.peak_driver = max(self.peak_driver, self._used())
+            except Exception:
+                return
+
+    def __enter__(self) -> "VramMonitor":
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.baseline = self.peak_driver = self._used()
+            if self.interval_s > 0:
+                self._thread = threading.Thread(target=self._loop, daemon=True)
+                self._thread.start()
+        return self
+
+    def note_reserved(self) -> None:
+        """Reads torch's peak reserved now (call it before anything resets the counters)."""
+        if self.cuda:
+            import torch
+
+            self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
+            self.peak_driver = max(self.peak_driver, self._used())
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.note_reserved()
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
+
+    def figures(self) -> dict:
+        if not self.cuda:
+            return {}
+        driver = max(0, self.peak_driver - self.foreign)
+        return dict(
+            peak_vram_gib=max(driver, self.peak_reserved) / GiB,
+            peak_reserved_gib=self.peak_reserved / GiB,
+            peak_driver_vram_gib=driver / GiB,
+            driver_baseline_gib=self.baseline / GiB,
+            foreign_vram_gib=self.foreign / GiB,
+        )
+
+
+def measure_b_pinned(cuda: bool) -> dict:
+    """Host-to-device GB/s of one 1 GiB pinned copy (best and median of 5 after a warm-up); on
+    the simulation a host copy of 256 MiB, for the record only."""
+    import torch
+
+    n = GiB if cuda else 256 << 20
+    if cuda:
+        src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+    else:
+        src = torch.ones(n, dtype=torch.uint8)
+        dst = torch.empty(n, dtype=torch.uint8)
+    rates = []
+    for i in range(6):
+        sync(cuda)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=cuda)
+        sync(cuda)
+        if i:
+            rates.append(n / GB / (time.perf_counter() - t0))
+    del src, dst
+    if cuda:
+        torch.cuda.empty_cache()
+        if hasattr(torch._C, "_host_emptyCache"):  # the caching host allocator keeps the 1 GiB
+            torch._C._host_emptyCache()
+    out = dict(gbps=max(rates), median_gbps=statistics.median(rates), bytes=n,
+               what="pinned host -> cuda, non_blocking" if cuda else "host memcpy (sim)")
+    log(f"B_pinned {out['gbps']:.1f} GB/s (median {out['median_gbps']:.1f}; {out['what']})")
+    return out
+
+
+def run_steps(model, inputs: dict, steps: int, cuda: bool, between=None, return_out=False):
+    """One warm-up step (timed: "first step"), then ``steps`` timed steps. ``between`` runs after
+    the warm-up (e.g. to snapshot counters). Returns (first, [steps], finite), plus the last
+    step's output with ``return_out``."""
+    import torch
+
+    def one():
+        sync(cuda)
+        t0 = time.perf_counter()
+        out = model(**inputs, return_dict=False)[0]
+        sync(cuda)
+        return time.perf_counter() - t0, out
+
+    with torch.no_grad():
+        first, out = one()
+        if between is not None:
+            between()
+        times = []
+        for _ in range(steps):
+            dt, out = one()
+            times.append(dt)
+        finite = bool(torch.isfinite(out).all().item())
+    return (first, times, finite, out) if return_out else (first, times, finite)
+
+
+def fill_step_figures(row: dict, first: float, times: list, finite: bool) -> None:
+    row.update(first_step_s=first, step_s=times, median_step_s=statistics.median(times),
+               output_finite=finite)
+
+
+def clear_cap(cuda: bool) -> None:
+    """ddo applies vram_cap_gb as the caching allocator's memory fraction; lift it after a row."""
+    if cuda:
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
 def run_steps_out(model, inputs: dict, steps: int, cuda: bool, between=None):
-    """w1_py.run_steps, also returning the last step's output (on the device it was made)."""
-    return w1_py.run_steps(model, inputs, steps, cuda, between=between, return_out=True)
+    """run_steps, also returning the last step's output (on the device it was made)."""
+    return run_steps(model, inputs, steps, cuda, between=between, return_out=True)
 
 
 def max_abs_diff(out, ref) -> float | None:
@@ -97,18 +365,39 @@ def max_abs_diff(out, ref) -> float | None:
     return float((out.float().cpu() - ref.float().cpu()).abs().max().item())
 
 
+def set_bound(row: dict, t_resident, b_pinned_gbps) -> bool:
+    """bound = max(T_resident, streamed / B_pinned) and efficiency = bound / median into ``row``;
+    False (nothing set) while a figure is missing."""
+    median = row.get("median_step_s")
+    streamed = row.get("streamed_gb_per_step")
+    if median is None or streamed is None or not b_pinned_gbps:
+        return False
+    bound = streamed / b_pinned_gbps
+    if t_resident:
+        bound = max(bound, t_resident)
+    row["bound_s"] = bound
+    row["efficiency"] = bound / median
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows.
+# ---------------------------------------------------------------------------------------------
+
+
 def _run_delta(before: dict, after: dict, key: str) -> float:
     return float(after.get(key, 0)) - float(before.get(key, 0))
 
 
-def ddo_row(ctx: dict, row: dict, model, cap, calibrate: bool, name: str, ref=None) -> None:
-    """One ddo row: enable_offload(preset one_shot_fast, profile ``name``, build_profile=
-    ``calibrate``, vram_cap_gb=``cap``; None = uncapped), one warm-up and ctx["steps"] timed
-    steps inside profile_run(), then remove. Fills ``row`` as it goes (a failure keeps what was
-    measured): setup, streamed bytes and GB/s from the run counters over the timed steps, peak
-    VRAM and RSS, the profile report at setup (``profile_setup``: calibrating / probing /
-    applied) and after the region (``profile_report``), and max |out - ref| when ``ref`` is
-    given. ctx: cuda, steps, sample_s, overrides, inputs (on the execution device)."""
+def ddo_row(ctx: dict, row: dict, model, cap, calibrate: bool, name, ref=None) -> None:
+    """One ddo row: enable_offload(preset one_shot_fast, profile ``name`` (None: no profile),
+    build_profile=``calibrate``, vram_cap_gb=``cap``; None = uncapped), one warm-up and
+    ctx["steps"] timed steps inside profile_run(), then remove. Fills ``row`` as it goes (a
+    failure keeps what was measured): setup, streamed bytes and GB/s from the run counters over
+    the timed steps, peak VRAM and RSS, the profile report at setup (``profile_setup``:
+    calibrating / probing / applied) and after the region (``profile_report``), and max |out -
+    ref| when ``ref`` is given. ctx: cuda, steps, sample_s, overrides, inputs (on the execution
+    device)."""
     import ddo
 
     cuda = ctx["cuda"]
@@ -144,6 +433,8 @@ def ddo_row(ctx: dict, row: dict, model, cap, calibrate: bool, name: str, ref=No
             def snapshot():
                 snap["before"] = offload.report()["run"]
 
+            # Normal runs: the region is a no-op (the recommendation was applied at setup); it
+            # is opened anyway so calibration and normal rows run the same code.
             with offload.profile_run() as profile_report:
                 first, times, finite, out = run_steps_out(model, inputs, steps, cuda,
                                                           between=snapshot)
@@ -151,7 +442,8 @@ def ddo_row(ctx: dict, row: dict, model, cap, calibrate: bool, name: str, ref=No
                 mon.note_reserved()  # before the region's end touches the peak counters
             fill_step_figures(row, first, times, finite)
         row["profile_report"] = dict(profile_report)
-        row["max_abs_diff_vs_resident"] = max_abs_diff(out, ref)
+        if ref is not None:
+            row["max_abs_diff_vs_resident"] = max_abs_diff(out, ref)
         before = snap["before"]
         streamed = _run_delta(before, after, "bytes_streamed")
         copy_ms = _run_delta(before, after, "copy_ms")
@@ -169,3 +461,188 @@ def ddo_row(ctx: dict, row: dict, model, cap, calibrate: bool, name: str, ref=No
         else:
             ddo.remove_offload(model)
         clear_cap(cuda)
+
+
+def row_summary(r: dict) -> str:
+    """A measured row's log line: setup, first and median step, streamed, peak VRAM and RSS,
+    efficiency (a benchmark appends its own figures)."""
+    return (f"setup {fmt(r.get('setup_s'), '.2f')} s, first {fmt(r.get('first_step_s'), '.3f')} s, "
+            f"median {fmt(r.get('median_step_s'), '.3f')} s, streamed "
+            f"{fmt(r.get('streamed_gb_per_step'), '.2f')} GB/step, peak VRAM "
+            f"{fmt(r.get('peak_vram_gib'), '.2f')} GiB, peak RSS "
+            f"{fmt(r.get('peak_host_rss_gib'), '.1f')} GiB, efficiency "
+            f"{fmt(r.get('efficiency'), '.2f')}")
+
+
+def error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e)[:2000]}"
+
+
+def measure_row(row: dict, fn, label: str, cleanup=None) -> None:
+    """Runs fn(row), timed into row["row_wall_s"]. An exception is a result (an OOM at a cap):
+    recorded in row["error"] and logged, then ``cleanup`` runs (its own failure is logged)."""
+    t0 = time.perf_counter()
+    try:
+        fn(row)
+    except Exception as e:
+        row["error"] = error_text(e)
+        if cleanup is not None:
+            try:
+                cleanup()
+            except Exception as failure:
+                log(f"{label}: cleanup after the failure failed too: {failure}")
+    row["row_wall_s"] = time.perf_counter() - t0
+    if row.get("error"):
+        log(f"{label}: FAILED after {row['row_wall_s']:.1f} s: {row['error'][:300]}")
+
+
+# A row in a child process: the parent runs its own script again with the child's flags and
+# --row-out FILE; the child measures one row (child_row) and writes it to FILE; the parent merges
+# it. Environment: <PREFIX>_T0 (the parent's clock, for the child's log) and, on CUDA,
+# <PREFIX>_FOREIGN_VRAM_BYTES (the device memory the parent holds, left out of the child's peak).
+
+
+def run_child_row(row: dict, script: str, flags: list, env_prefix: str, t0: float, cuda: bool,
+                  timeout: float, label: str) -> None:
+    import torch
+
+    fd, path = tempfile.mkstemp(prefix=f"{env_prefix.lower()}-row-", suffix=".json")
+    os.close(fd)
+    env = dict(os.environ, **{f"{env_prefix}_T0": repr(t0)})
+    if cuda:
+        free, total = torch.cuda.mem_get_info()
+        env[f"{env_prefix}_FOREIGN_VRAM_BYTES"] = str(total - free)  # this process's context
+    cmd = [sys.executable, os.path.abspath(script)] + flags + ["--row-out", path]
+    log(f"{label}: subprocess {' '.join(cmd[1:])}")
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=timeout)
+        with open(path) as f:
+            text = f.read()
+        if text.strip():
+            row.update(json.loads(text))
+        if proc.returncode != 0 and "error" not in row:
+            row["error"] = f"subprocess exited with status {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        row["error"] = f"subprocess timed out after {timeout} s"
+    finally:
+        os.unlink(path)
+
+
+def foreign_vram_bytes(env_prefix: str) -> int:
+    """In a child row: the device memory its parent holds (run_child_row)."""
+    return int(os.environ.get(f"{env_prefix}_FOREIGN_VRAM_BYTES", "0"))
+
+
+def child_row(row: dict, fn, label: str, row_out: str) -> int:
+    """The child's side: fn(row), a failure recorded in the row (not raised: the parent merges
+    it), the row written to ``row_out``. Returns the child's exit status."""
+    try:
+        fn(row)
+        rc = 0
+    except Exception as e:
+        row["error"] = error_text(e)
+        log(f"{label}: failed: {row['error'][:300]}")
+        rc = 1
+    write_atomic(row_out, json.dumps(row, indent=1, default=str))
+    return rc
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags, results, the machine.
+# ---------------------------------------------------------------------------------------------
+
+
+def add_common_args(p, child_timeout: float) -> None:
+    """The flags every FLUX benchmark takes: --steps, --device, --sample-ms, --child-timeout,
+    --overrides, --commit and the child's --row-out."""
+    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up (>= 5)")
+    p.add_argument("--device", choices=("cuda", "sim"), default=None,
+                   help="default: cuda when available, else sim")
+    p.add_argument("--sample-ms", type=float, default=5.0,
+                   help="driver-view VRAM sampling period (0: only torch's peak reserved)")
+    p.add_argument("--child-timeout", type=float, default=child_timeout,
+                   help="seconds for each subprocess row")
+    p.add_argument("--overrides", default="{}",
+                   help="JSON object of config fields for every ddo row, e.g. "
+                        "'{\"prefetch_window_mb\": 2048}'")
+    p.add_argument("--commit", default=None)
+    p.add_argument("--row-out", help=argparse.SUPPRESS)
+
+
+def check_common_args(p, args) -> None:
+    """Checks --steps and parses --overrides (p.error on a bad value)."""
+    if args.steps < 1:
+        p.error("--steps must be >= 1 (the spec asks for >= 5)")
+    try:
+        args.overrides = json.loads(args.overrides)
+        assert isinstance(args.overrides, dict)
+    except (ValueError, AssertionError):
+        p.error("--overrides must be a JSON object of config fields")
+
+
+def split_list(text: str) -> list:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def fresh_profile_dir(prefix: str) -> str:
+    """A fresh temporary profile folder in DDO_PROFILE_DIR (the C++ settings loader reads it at
+    enable time: set it before the first enable_offload)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.environ["DDO_PROFILE_DIR"] = path
+    return path
+
+
+def use_cuda(device) -> bool | None:
+    """--device: cuda, sim, or None (cuda when available); None when cuda is asked for and not
+    available."""
+    import torch
+
+    cuda = device == "cuda" if device else torch.cuda.is_available()
+    if cuda and not torch.cuda.is_available():
+        log("--device cuda but CUDA is not available")
+        return None
+    return cuda
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def machine_facts(cuda: bool) -> dict:
+    import diffusers
+    import torch
+
+    try:
+        import accelerate
+
+        accelerate_version = accelerate.__version__
+    except ImportError:
+        accelerate_version = None
+    facts = dict(torch_version=torch.__version__.split("+")[0], torch_full=torch.__version__,
+                 diffusers_version=diffusers.__version__, accelerate_version=accelerate_version,
+                 python=sys.version.split()[0],
+                 host=os.uname().nodename, cpus=os.cpu_count(), gpu=None, driver=None)
+    if cuda:
+        facts["gpu"] = torch.cuda.get_device_name(0)
+        facts["cuda_runtime"] = torch.version.cuda
+        try:
+            facts["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20).stdout.strip() or None
+        except Exception:
+            pass
+    return facts
+
+
+def default_commit():
+    if os.environ.get("DDO_COMMIT"):
+        return os.environ["DDO_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
+        return out.stdout.strip() or None
+    except Exception:
+        return None

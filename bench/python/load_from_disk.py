@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """W1-py from disk (issue 16): ddo's loader against diffusers' from_pretrained + group offload.
 
-Writes W1-py's FluxTransformer2DModel (bench/python/w1_py.py: FLUX.1-dev dimensions, seeded
+Writes W1-py's FluxTransformer2DModel (bench/python/bc.py: FLUX.1-dev dimensions, seeded
 random bf16 weights) to --dir with ``save_pretrained`` (sharded), then, each in a fresh process:
 
   disk          the files' sequential read bandwidth: cold (page cache dropped for these files
@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import w1_py  # noqa: E402
+import bench_common as bc  # noqa: E402
 
 GB = 1e9
 GiB = float(1 << 30)
@@ -45,7 +45,7 @@ def log(msg: str) -> None:
     print(f"[load_from_disk] {msg}", file=sys.stderr, flush=True)
 
 
-w1_py.log = log
+bc.set_logger(log)
 
 
 def shard_files(path: str) -> list[str]:
@@ -149,10 +149,10 @@ def child(args) -> dict:
 
     cuda = args.device == "cuda"
     row = dict(route=args.child, cap_gib=args.cap, cache=args.cache)
-    inputs = w1_py.make_inputs(args.size, "cuda" if cuda else "cpu",
-                               w1_py.SIZES[args.size]["config"].get("guidance_embeds", False))
-    w1_py.reset_host_peak()
-    rss0, _ = w1_py.host_rss_gib()
+    inputs = bc.make_inputs(args.size, "cuda" if cuda else "cpu",
+                               bc.SIZES[args.size]["config"].get("guidance_embeds", False))
+    bc.reset_host_peak()
+    rss0, _ = bc.host_rss_gib()
     t0 = time.perf_counter()
     if args.child in ("ddo", "ddo_disk"):
         # W1-py's ddo rows: preset one_shot_fast, the cap through its DDO_ variable.
@@ -165,7 +165,7 @@ def child(args) -> dict:
             preset="one_shot_fast", execution_device=args.device, dtype=torch.bfloat16,
         )
         model = loaded.module
-        w1_py.sync(cuda)
+        bc.sync(cuda)
         row["setup_s"] = time.perf_counter() - t0
         setup = loaded.report()["setup"]
         row["load"] = setup.get("load")
@@ -182,14 +182,14 @@ def child(args) -> dict:
             offload_type="block_level", num_blocks_per_group=1, use_stream=True,
             record_stream=True,
         )
-        w1_py.sync(cuda)
+        bc.sync(cuda)
         row["setup_s"] = time.perf_counter() - t0
-    rss1, hwm = w1_py.host_rss_gib()
+    rss1, hwm = bc.host_rss_gib()
     row["peak_rss_gib"] = hwm - rss0 if hwm is not None and rss0 is not None else None
     row["rss_after_setup_gib"] = rss1 - rss0 if rss1 is not None and rss0 is not None else None
     if args.child == "ddo_disk":
         run0 = loaded.report()["run"]
-        first, times, finite = w1_py.run_steps(model, inputs, args.steps, cuda)
+        first, times, finite = bc.run_steps(model, inputs, args.steps, cuda)
         row.update(first_step_s=first, step_s=sorted(times)[len(times) // 2], finite=finite)
         run1 = loaded.report()["run"]
         row["disk_bytes_per_step"] = (run1["disk_bytes_read"] - run0["disk_bytes_read"]) / (
@@ -199,17 +199,17 @@ def child(args) -> dict:
         with torch.no_grad():
             for _ in range(args.steps):
                 drop_cache(args.dir)
-                w1_py.sync(cuda)
+                bc.sync(cuda)
                 t = time.perf_counter()
                 model(**inputs, return_dict=False)
-                w1_py.sync(cuda)
+                bc.sync(cuda)
                 cold.append(time.perf_counter() - t)
         row["cold_step_s"] = sorted(cold)[len(cold) // 2]
         run2 = loaded.report()["run"]
         row["disk_waits"] = run2["disk_waits"]
         row["disk_wait_ms"] = run2["disk_wait_ms"]
         return row
-    first, times, finite = w1_py.run_steps(model, inputs, args.steps, cuda)
+    first, times, finite = bc.run_steps(model, inputs, args.steps, cuda)
     row.update(first_step_s=first, step_s=sorted(times)[len(times) // 2], finite=finite)
     return row
 
@@ -237,7 +237,7 @@ def write_model(args) -> dict:
     import torch
 
     cuda = args.device == "cuda"
-    model, nbytes, params, _ = w1_py.build_model(args.size, "cuda" if cuda else "cpu")
+    model, nbytes, params, _ = bc.build_model(args.size, "cuda" if cuda else "cpu")
     t0 = time.perf_counter()
     model.save_pretrained(args.dir, max_shard_size=args.shard_size)
     for f in shard_files(args.dir):
@@ -254,7 +254,7 @@ def write_model(args) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", required=True, help="where the model is written (local disk)")
-    p.add_argument("--size", choices=sorted(w1_py.SIZES), default="full")
+    p.add_argument("--size", choices=sorted(bc.SIZES), default="full")
     p.add_argument("--device", choices=("cuda", "sim"), default="cuda")
     p.add_argument("--caps", default="8,16")
     p.add_argument("--steps", type=int, default=3)
@@ -279,9 +279,9 @@ def main(argv=None) -> int:
         return 0
     cuda = args.device == "cuda"
     result = dict(benchmark="w1-py-from-disk", size=args.size, steps=args.steps,
-                  commit=args.commit or w1_py.default_commit(),
+                  commit=args.commit or bc.default_commit(),
                   command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-                  machine=w1_py.machine_facts(cuda), rows=[])
+                  machine=bc.machine_facts(cuda), rows=[])
     if not (args.keep and os.path.isdir(args.dir) and shard_files(args.dir)):
         os.makedirs(args.dir, exist_ok=True)
         result["model"] = write_model(args)

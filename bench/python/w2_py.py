@@ -51,14 +51,12 @@ os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402
+from bench_tables import profile_cell, w2_table  # noqa: E402
 
 GB, GiB = bc.GB, bc.GiB
 T0 = float(os.environ.get("W2PY_T0", time.time()))  # a child logs on its parent's clock
@@ -227,7 +225,7 @@ def row_group(ctx: dict, row: dict, variant: str) -> None:
     inputs = bc.make_inputs(ctx["size"], dev, ctx["guidance"])
     if cuda:
         torch.cuda.empty_cache()
-    foreign = int(os.environ.get("W2PY_FOREIGN_VRAM_BYTES", "0"))
+    foreign = bc.foreign_vram_bytes("W2PY")
     bc.trim_host_memory()
     bc.reset_host_peak()
     with bc.VramMonitor(cuda, ctx["sample_s"], foreign) as mon:
@@ -248,35 +246,16 @@ def row_group(ctx: dict, row: dict, variant: str) -> None:
 
 
 def row_subprocess(ctx: dict, row: dict, variant: str) -> None:
-    import torch
-
-    fd, path = tempfile.mkstemp(prefix=f"w2py-group-{variant}-", suffix=".json")
-    os.close(fd)
-    env = dict(os.environ, W2PY_T0=repr(T0))
-    if ctx["cuda"]:
-        free, total = torch.cuda.mem_get_info()
-        env["W2PY_FOREIGN_VRAM_BYTES"] = str(total - free)  # this process's context
     a = ctx["args"]
-    cmd = [sys.executable, os.path.abspath(__file__), "--only-route", "group", "--variants",
-           variant, "--size", a.size, "--steps", str(a.steps), "--sample-ms", str(a.sample_ms),
-           "--device", "cuda" if ctx["cuda"] else "sim", "--row-out", path]
+    flags = ["--only-route", "group", "--variants", variant, "--size", a.size, "--steps",
+             str(a.steps), "--sample-ms", str(a.sample_ms), "--device",
+             "cuda" if ctx["cuda"] else "sim"]
     if a.group_size is not None:
-        cmd += ["--group-size", str(a.group_size)]
+        flags += ["--group-size", str(a.group_size)]
     if a.quantized_matmul:
-        cmd.append("--quantized-matmul")
-    log(f"group {variant}: subprocess {' '.join(cmd[1:])}")
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=ctx["child_timeout"])
-        with open(path) as f:
-            text = f.read()
-        if text.strip():
-            row.update(json.loads(text))
-        if proc.returncode != 0 and "error" not in row:
-            row["error"] = f"subprocess exited with status {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        row["error"] = f"subprocess timed out after {ctx['child_timeout']} s"
-    finally:
-        os.unlink(path)
+        flags.append("--quantized-matmul")
+    bc.run_child_row(row, __file__, flags, "W2PY", T0, ctx["cuda"], ctx["child_timeout"],
+                     f"group {variant}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,15 +269,9 @@ def finalize(result: dict) -> None:
         t_res = result["t_resident_s"].get(row["variant"])
         if row["route"] == "resident" and row.get("median_step_s") is not None:
             t_res = row["median_step_s"]  # before main() has noted it
-        median, streamed = row.get("median_step_s"), row.get("streamed_gb_per_step")
-        if median is None or streamed is None or not b:
+        if not bc.set_bound(row, t_res, b):
             continue
-        bound = streamed / b
-        if t_res:
-            bound = max(bound, t_res)
-        row["bound_s"] = bound
         row["t_resident_s"] = t_res
-        row["efficiency"] = bound / median
         cap = row.get("cap_gib")
         if cap is not None and row.get("peak_vram_gib") is not None:
             row["under_cap"] = row["peak_vram_gib"] <= cap
@@ -332,79 +305,6 @@ def check_targets(result: dict) -> list:
     return out
 
 
-def fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def profile_cell(r: dict) -> str:
-    setup, after = r.get("profile_setup") or {}, r.get("profile_report") or {}
-    if not setup and not after:
-        return "-"
-    s = f"{setup.get('status', '?')} → {after.get('status', '?')}"
-    kinds = [k for k in (setup.get("profile_measurement_kind"),
-                         after.get("profile_measurement_kind")) if k]
-    if kinds:
-        s += " (" + " → ".join(dict.fromkeys(kinds)) + ")"
-    budget = after.get("resident_budget_gb", setup.get("resident_budget_gb"))
-    if budget is not None:
-        s += f", budget {budget:.2f}"
-    return s
-
-
-def table(result: dict) -> str:
-    head = ("| variant | cap GiB | route | setup s | first step s | median step s | "
-            "streamed GB/step | GB/s | peak VRAM GiB | peak RSS GiB | bound s | efficiency | "
-            "max abs diff | profile (setup → end) |")
-    lines = [head, "| " + " | ".join(["---"] * 14) + " |"]
-    for r in result["rows"]:
-        cap = "none" if r.get("cap_gib") is None else f"{r['cap_gib']:g}"
-        route = {"group": "sdnq + diffusers leaf"}.get(r["route"], r["route"])
-        if r.get("error") and r.get("median_step_s") is None:
-            what = "" if r["error"].startswith("skipped") else "failed: "
-            lines.append(f"| {r['variant']} | {cap} | {route} | {what}"
-                         f"{r['error'][:100].replace('|', '/')} |" + " - |" * 10)
-            continue
-        med = fmt(r.get("median_step_s"), ".3f")
-        if r["route"] == "calibrated":
-            med = f"**{med}**"
-        cells = [r["variant"], cap, route, fmt(r.get("setup_s"), ".1f"),
-                 fmt(r.get("first_step_s"), ".3f"), med,
-                 fmt(r.get("streamed_gb_per_step"), ".2f"), fmt(r.get("achieved_gbps"), ".1f"),
-                 fmt(r.get("peak_vram_gib"), ".2f"), fmt(r.get("peak_host_rss_gib"), ".1f"),
-                 fmt(r.get("bound_s"), ".3f"), fmt(r.get("efficiency"), ".2f"),
-                 fmt(r.get("max_abs_diff_vs_resident"), ".3g"), profile_cell(r)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    t_res = ", ".join(f"{k} {v:.3f} s" for k, v in result["t_resident_s"].items() if v)
-    lines.append(
-        f"{'GPU: ' + str(result.get('gpu')) if result['cuda'] else 'sim device (CPU numbers)'}; "
-        f"driver {result.get('driver') or '-'}; B_pinned {fmt(result.get('b_pinned_gbps'), '.1f')}"
-        f" GB/s; T_resident {t_res or '-'}; torch {result.get('torch_version')}; diffusers "
-        f"{result.get('diffusers_version')}; sdnq {result.get('sdnq_version')}; commit "
-        f"{result.get('commit') or '-'}")
-    if result.get("quantization"):
-        lines += ["", "Quantization (sdnq_post_load_quant, not part of setup):", ""]
-        for v, q in result["quantization"].items():
-            inv = q.get("inventory", {})
-            dense = inv.get("dense_linear_layers", [])
-            lines.append(
-                f"- {v}: {fmt(q.get('seconds'), '.1f')} s ({q.get('where')}), to host "
-                f"{fmt(q.get('to_host_s'), '.1f')} s; {inv.get('quantized_layers')} quantized "
-                f"layers ({'; '.join(f'{n} × {k}' for k, n in inv.get('layouts', {}).items())}), "
-                f"{fmt(inv.get('model_bytes', 0) / GB, '.2f')} GB in all; ddo runs "
-                f"{inv.get('ddo_runs_layers')} of them"
-                + (f", refuses {inv.get('ddo_refuses')}" if inv.get("ddo_refuses") else "")
-                + f"; left dense: {len(dense)} Linear layers, "
-                f"{fmt(inv.get('dense_linear_bytes', 0) / GB, '.3f')} GB: "
-                + ", ".join(d["name"] for d in dense))
-    if result.get("targets"):
-        lines += ["", "Targets (issue 14):", ""]
-        for t in result["targets"]:
-            mark = {True: "met", False: "MISSED", None: "not measured"}[t["ok"]]
-            lines.append(f"- {t['what']}: {fmt(t['value'], '.3f')} — {mark}")
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------------------------
 # Main.
 # ---------------------------------------------------------------------------------------------
@@ -416,43 +316,29 @@ def parse_args(argv=None):
     p.add_argument("--variants", default="int8,uint4,bf16")
     p.add_argument("--caps", help="GiB list, 0 = uncapped (default: 4,6,8,12,0 full; "
                                   "0.1,4,0 tiny)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up (>= 5)")
     p.add_argument("--routes", default=",".join(ALL_ROUTES),
                    help="subset of resident,ddo,group (bf16 has no group row)")
-    p.add_argument("--device", choices=("cuda", "sim"), default=None,
-                   help="default: cuda when available, else sim")
     p.add_argument("--quant-mode", choices=("device", "host"), default="device")
     p.add_argument("--group-size", type=int, default=None,
                    help="sdnq group_size (default: the package's default for the dtype)")
     p.add_argument("--quantized-matmul", action="store_true",
                    help="sdnq use_quantized_matmul=True (default False: its dequantize path, "
                         "the one ddo's op reproduces)")
-    p.add_argument("--sample-ms", type=float, default=5.0)
-    p.add_argument("--child-timeout", type=float, default=240.0)
-    p.add_argument("--overrides", default="{}",
-                   help="JSON object of config fields for every ddo row")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="seconds after the start past which rows are listed as skipped, not "
                         "started (a time-limited call still ends with a complete table)")
     p.add_argument("--out", default="w2-out", help="folder for w2.json, w2.md, env.json")
-    p.add_argument("--commit", default=None)
     p.add_argument("--only-route", choices=("group",), help=argparse.SUPPRESS)
-    p.add_argument("--row-out", help=argparse.SUPPRESS)
+    bc.add_common_args(p, child_timeout=240.0)
     args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error("--steps must be >= 1 (the spec asks for >= 5)")
-    args.routes = [r.strip() for r in args.routes.split(",") if r.strip()]
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bc.check_common_args(p, args)
+    args.routes = bc.split_list(args.routes)
+    args.variants = bc.split_list(args.variants)
     bad = [r for r in args.routes if r not in ALL_ROUTES] + \
           [v for v in args.variants if v not in ALL_VARIANTS]
     if bad:
         p.error(f"unknown route(s)/variant(s) {bad}")
-    try:
-        args.overrides = json.loads(args.overrides)
-        assert isinstance(args.overrides, dict)
-    except (ValueError, AssertionError):
-        p.error("--overrides must be a JSON object of config fields")
-    caps = [float(c) for c in (args.caps or DEFAULT_CAPS[args.size]).split(",") if c.strip()]
+    caps = [float(c) for c in bc.split_list(args.caps or DEFAULT_CAPS[args.size])]
     args.caps = [None if c <= 0 else c for c in caps]
     return args
 
@@ -465,15 +351,8 @@ def child_main(args) -> int:
     ctx = dict(size=args.size, steps=args.steps, sample_s=args.sample_ms / 1e3, cuda=cuda,
                guidance=bc.SIZES[args.size]["config"].get("guidance_embeds", False), args=args)
     row = base_row(variant, "group", None, "diffusers_group_offload")
-    try:
-        row_group(ctx, row, variant)
-        rc = 0
-    except Exception as e:  # recorded, not raised: the parent merges the row
-        row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-        log(f"group {variant}: failed: {row['error'][:300]}")
-        rc = 1
-    bc.write_atomic(args.row_out, json.dumps(row, indent=1, default=str))
-    return rc
+    return bc.child_row(row, lambda r: row_group(ctx, r, variant), f"group {variant}",
+                        args.row_out)
 
 
 def environment(cuda: bool, commit) -> dict:
@@ -501,8 +380,7 @@ def main(argv=None) -> int:
     if args.only_route:
         return child_main(args)
 
-    profile_dir = tempfile.mkdtemp(prefix="w2py-profiles-")
-    os.environ["DDO_PROFILE_DIR"] = profile_dir
+    bc.fresh_profile_dir("w2py-profiles-")
     os.makedirs(args.out, exist_ok=True)
     log(f"importing torch, diffusers, sdnq, ddo; profiles in a fresh temporary folder")
     import torch
@@ -517,9 +395,8 @@ def main(argv=None) -> int:
         have_ddo = False
         log(f"cannot import ddo ({type(e).__name__}: {e}): ddo rows will be skipped")
 
-    cuda = args.device == "cuda" if args.device else torch.cuda.is_available()
-    if cuda and not torch.cuda.is_available():
-        log("--device cuda but CUDA is not available")
+    cuda = bc.use_cuda(args.device)
+    if cuda is None:
         return 2
     log(f"device {'cuda' if cuda else 'sim'}; size {args.size}; variants {args.variants}; caps "
         f"{args.caps}; routes {args.routes}; steps {args.steps}; quantize on "
@@ -544,7 +421,7 @@ def main(argv=None) -> int:
     def save() -> None:
         finalize(result)
         bc.write_atomic(out_json, json.dumps(result, indent=1, default=str))
-        bc.write_atomic(out_md, table(result))
+        bc.write_atomic(out_md, w2_table(result))
 
     b = bc.measure_b_pinned(cuda)
     result.update(b_pinned_gbps=b["gbps"], b_pinned=b)
@@ -556,7 +433,6 @@ def main(argv=None) -> int:
 
     def add(variant: str, route: str, cap, preset, fn, *fn_args) -> dict:
         label = f"{variant} {route}" + ("" if cap is None else f"@{cap:g}")
-        t0 = time.perf_counter()
         row = base_row(variant, route, cap, preset)
         if args.deadline_s and time.time() - T0 > args.deadline_s:
             # Listed, not run: the table says what the time limit left out.
@@ -566,31 +442,20 @@ def main(argv=None) -> int:
             log(f"{label}: {row['error']}")
             return row
         log(f"{label}: start")
-        try:
-            fn(ctx, row, *fn_args)
-        except Exception as e:  # an OOM at a cap is a result, not a crash
-            row["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-            try:
-                if have_ddo and fn is bc.ddo_row:
-                    import ddo
 
-                    ddo.remove_offload(fn_args[0])
-                bc.clear_cap(cuda)
-            except Exception as cleanup:
-                log(f"{label}: cleanup after the failure failed too: {cleanup}")
-        row["row_wall_s"] = time.perf_counter() - t0
+        def cleanup() -> None:
+            if have_ddo and fn is bc.ddo_row:
+                import ddo
+
+                ddo.remove_offload(fn_args[0])
+            bc.clear_cap(cuda)
+
+        bc.measure_row(row, lambda r: fn(ctx, r, *fn_args), label, cleanup)
         result["rows"].append(row)
         save()
         r = result["rows"][-1]
-        if r.get("error"):
-            log(f"{label}: FAILED after {r['row_wall_s']:.1f} s: {r['error'][:300]}")
-        else:
-            log(f"{label}: setup {fmt(r.get('setup_s'), '.2f')} s, first "
-                f"{fmt(r.get('first_step_s'), '.3f')} s, median {fmt(r.get('median_step_s'), '.3f')}"
-                f" s, streamed {fmt(r.get('streamed_gb_per_step'), '.2f')} GB/step, peak VRAM "
-                f"{fmt(r.get('peak_vram_gib'), '.2f')} GiB, peak RSS "
-                f"{fmt(r.get('peak_host_rss_gib'), '.1f')} GiB, efficiency "
-                f"{fmt(r.get('efficiency'), '.2f')}"
+        if not r.get("error"):
+            log(f"{label}: {bc.row_summary(r)}"
                 + (f", max abs diff {r['max_abs_diff_vs_resident']:.3g}"
                    if r.get("max_abs_diff_vs_resident") is not None else "")
                 + (f", profile {profile_cell(r)}" if r.get("profile_setup") else "")
@@ -679,7 +544,7 @@ def main(argv=None) -> int:
 
     save()
     log(f"done: {out_json}, {out_md}")
-    print(table(result), flush=True)
+    print(w2_table(result), flush=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 """Repeat generations in one process (issue 20): attach time of each, with and without warm_process.
 
 The staged flow releases the denoiser after each generation and attaches it again for the next.
-This runs that flow on W1-py's FluxTransformer2DModel (bench/python/w1_py.py sizes: FLUX.1-dev
+This runs that flow on W1-py's FluxTransformer2DModel (bench/python/bc.py sizes: FLUX.1-dev
 dimensions, seeded random bf16 weights) for --generations generations per mode, all in one
 process, each generation being:
 
@@ -38,18 +38,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import w1_py  # noqa: E402  (W1-py's model, inputs and host-memory helpers)
+import bench_common as bc  # noqa: E402  (W1-py's model, inputs and host-memory helpers)
 
 
 def log(msg: str) -> None:
     print(f"[warm_attach] {msg}", file=sys.stderr, flush=True)
 
 
-w1_py.log = log
+bc.set_logger(log)
 
 
 def rss_gib() -> float | None:
-    rss, _ = w1_py.host_rss_gib()
+    rss, _ = bc.host_rss_gib()
     return rss
 
 
@@ -67,19 +67,19 @@ def generation(model, inputs, args, preset: str, cuda: bool,
         options["sim_device_capacity_gb"] = args.cap
         options["small_tensor_threshold_bytes"] = 0
     options.update(json.loads(args.overrides))
-    w1_py.sync(cuda)
+    bc.sync(cuda)
     t0 = time.perf_counter()
     offload = ddo.enable_offload(model, **options)
-    w1_py.sync(cuda)
+    bc.sync(cuda)
     attach_s = time.perf_counter() - t0
     setup = offload.report()["setup"]
-    first, times, finite, out = w1_py.run_steps(model, inputs, args.steps, cuda, return_out=True)
+    first, times, finite, out = bc.run_steps(model, inputs, args.steps, cuda, return_out=True)
     out = out.float().cpu() if isinstance(out, torch.Tensor) else out
     t0 = time.perf_counter()
     offload.remove(keep_residents=keep_residents)
-    w1_py.sync(cuda)
+    bc.sync(cuda)
     release_s = time.perf_counter() - t0
-    w1_py.trim_host_memory()
+    bc.trim_host_memory()
     cache = setup.get("weight_cache", {})
     row = dict(
         preset=preset,
@@ -106,7 +106,7 @@ def generation(model, inputs, args, preset: str, cuda: bool,
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=sorted(w1_py.SIZES), default="full")
+    p.add_argument("--size", choices=sorted(bc.SIZES), default="full")
     p.add_argument("--device", choices=("cuda", "sim"), default=None,
                    help="default: cuda when available, else sim")
     p.add_argument("--generations", type=int, default=3)
@@ -136,8 +136,8 @@ def main(argv=None) -> int:
         args.budget = 4.0 if args.size == "full" else 0.0
     os.environ.setdefault("DDO_PROFILE_DIR", tempfile.mkdtemp(prefix="ddo-warm-attach-"))
 
-    model, nbytes, params, build = w1_py.build_model(args.size, "cuda" if cuda else "cpu")
-    inputs = w1_py.make_inputs(args.size, "cuda" if cuda else "cpu", guidance=True)
+    model, nbytes, params, build = bc.build_model(args.size, "cuda" if cuda else "cpu")
+    inputs = bc.make_inputs(args.size, "cuda" if cuda else "cpu", guidance=True)
     presets = {"cold": args.cold_preset, "warm": "warm_process", "warm_keep": "warm_process"}
     rows, reference = [], None
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -168,8 +168,8 @@ def main(argv=None) -> int:
     if args.out:
         result = dict(command=" ".join(sys.argv), size=args.size, cuda=cuda, cap_gib=args.cap,
                       budget_gib=args.budget, steps=args.steps, model_bytes=nbytes,
-                      params=params, build=build, machine=w1_py.machine_facts(cuda), rows=rows)
-        w1_py.write_atomic(args.out, json.dumps(result, indent=2))
+                      params=params, build=build, machine=bc.machine_facts(cuda), rows=rows)
+        bc.write_atomic(args.out, json.dumps(result, indent=2))
         log(f"wrote {args.out}")
     return 0
 
