@@ -1,7 +1,7 @@
 // Helpers shared by ddo's benchmarks (bench/*.cpp; this header is not a benchmark itself).
 //
 // Flags are `--name value` or `--name=value`; every benchmark writes one JSON file (--out) with
-// the machine facts of shared/spec/benchmarks.md (GPU, driver, torch version, commit, command)
+// the machine facts of docs/design/0009-benchmarks.md (GPU, driver, torch version, commit, command)
 // and prints a markdown table last, so the tail of a log is the result.
 //
 //   ddo::bench::Args args(argc, argv);
@@ -33,7 +33,7 @@
 
 namespace ddo::bench {
 
-constexpr double kGB = 1e9;  // link figures in GB/s (10^9), as the spec's reference table
+constexpr double kGB = 1e9;  // link figures in GB/s (10^9), as in docs/design/0009-benchmarks.md
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 class Args {
@@ -170,7 +170,8 @@ inline std::string fmt(double v, int precision = 3) {
 }
 
 // Bytes per second of one large pinned host-to-device copy on `dev` (best of three after a
-// warm-up): the spec's B_pinned. Device time from timing events where the backend has them.
+// warm-up): B_pinned of docs/design/0009-benchmarks.md. Device time from timing events where the
+// backend has them.
 inline double measure_b_pinned(engine::Device& dev, std::size_t bytes) {
   void* host = nullptr;
   void* device = nullptr;

@@ -1,4 +1,4 @@
-// Copy-engine micro-benchmark (shared/spec/benchmarks.md, Micro (a)): B_pinned for one large
+// Copy-engine micro-benchmark (docs/design/0009-benchmarks.md, Micro (a)): B_pinned for one large
 // pinned copy, then bytes/s streamed through engine::CopyScheduler for unit sizes 1-256 MB,
 // with nothing to compute, against B_pinned. Target: >= 0.95 x B_pinned for large units.
 //

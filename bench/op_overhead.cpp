@@ -1,9 +1,9 @@
-// Per-op overhead micro-benchmark (shared/spec/benchmarks.md, Micro (b)): a stack of tiny Linears,
-// host time per op with no offload, for unmanaged ops while an offload is active elsewhere in the
-// process (the interception's cost on everyone else), and for managed (streamed) weights, with
-// the steady state's sampled copy timing and with every copy timed; and per op of a stack that
-// streams for real (a copy and a wait per op), sampled against full timing.
-// Target: <= 5 us of host time added per intercepted op.
+// Per-op overhead micro-benchmark (docs/design/0009-benchmarks.md, Micro (b)): a stack of tiny
+// Linears, host time per op with no offload, for unmanaged ops while an offload is active elsewhere
+// in the process (the interception's cost on everyone else), and for managed (streamed) weights,
+// with the steady state's sampled copy timing and with every copy timed; and per op of a stack that
+// streams for real (a copy and a wait per op), sampled against full timing. Target: <= 5 us of host
+// time added per intercepted op.
 //
 //   op_overhead --out op_overhead.json [--device cuda|sim] [--layers 64] [--iters 200]
 #include <algorithm>

@@ -1,11 +1,11 @@
-// W1 benchmark: the FLUX.1-sized MMDiT under emulated VRAM caps (shared/spec/benchmarks.md).
+// W1 benchmark: the FLUX.1-sized MMDiT under emulated VRAM caps (docs/design/0009-benchmarks.md).
 //
 // For each cap: a calibration run of `one_shot_fast` under a profile name, a normal run that
 // applies the saved recommendation, and the two classic routes (diffusers_offload_compat,
 // diffusers_leaf_offload_compat) as baselines, all in one process against the same host copy of
 // the model; plus one all-resident row (uncapped) that gives T_resident. B_pinned is measured in
 // the same run. Each row: setup s, first step s, median steady step s, streamed GB per step,
-// achieved GB/s, compute wait per step, peak VRAM (driver view, the seed's peak rule), peak host
+// achieved GB/s, compute wait per step, peak VRAM (driver view, Note [Peak rule]), peak host
 // RSS, bound = max(T_resident, streamed / B_pinned), efficiency = bound / median.
 // See docs/design/0002-measurement.md.
 //

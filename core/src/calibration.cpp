@@ -261,9 +261,10 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   }
 
   if (manual > 0) {
-    // Spec §3 override order and the seed library: a positive manual budget overrides profile
-    // reuse, so the profile is not even read and the report says "disabled", as the library's
-    // does. The fields after name and status are ddo's, saying why.
+    // The override order (docs/design/0006-configuration.md, section 3) and the seed library: a
+    // positive manual budget overrides profile reuse, so the profile is not even read and the
+    // report says "disabled", as the library's does. The fields after name and status are ddo's,
+    // saying why.
     p.status = report.status = ProfileStatus::kDisabled;
     p.resident_budget_gb = report.resident_budget_gb = manual;
     report.budget_source = "manual";

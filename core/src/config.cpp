@@ -91,7 +91,8 @@ Status parse_spelling(std::span<const Spelling<E>> table, const char* what, std:
 // for, and 2^46 bytes, so no figure and no sum of a few of them can leave int64 (a GiB figure of
 // 1.6e10 once became -2^63 bytes through an undefined float-to-int cast). The simulated copy rate
 // has a floor (a rate of 1e-9 GB/s turned one copy into a hang) and 0 = unthrottled. The ratio is
-// the one clamped field, as the spec says: out of [0, 1] it is clamped with a warning.
+// the one clamped field (docs/design/0006-configuration.md, section 2): out of [0, 1] it is clamped
+// with a warning.
 // The table is a function-local constexpr array (no static constructors).
 namespace fields {
 namespace {

@@ -12,13 +12,14 @@
 #include "planner_internal.h"
 
 // Note [Auto block pattern]
-// The spec's `auto` takes the one repeated list (`<prefix>.<n>`, >= 2 members with streamable
-// weights) with the most bytes. A FLUX transformer has two (19 double blocks, 38 single blocks);
-// with only the larger as candidates, 24 GiB buys nothing over 16 (benchmarks.md). The `auto_all`
-// token (or PlanContext::all_block_lists) makes every qualifying list a candidate, largest first,
-// dropping lists nested inside a member of a list already taken (`blocks.3.ff.net.0`,
-// `blocks.3.ff.net.2` inside `blocks.3`). A root whose children are `0`, `1`, ... (a Sequential)
-// gives the prefix "" and the pattern `^[0-9]+$`.
+// The residency pattern `auto` takes the one repeated list (`<prefix>.<n>`, >= 2 members with
+// streamable weights) with the most bytes. A FLUX transformer has two (19 double blocks, 38 single
+// blocks); with only the larger as candidates, 24 GiB buys nothing over 16
+// (docs/design/0009-benchmarks.md, section 4). The `auto_all` token (or
+// PlanContext::all_block_lists) makes every qualifying list a candidate, largest first, dropping
+// lists nested inside a member of a list already taken (`blocks.3.ff.net.0`, `blocks.3.ff.net.2`
+// inside `blocks.3`). A root whose children are `0`, `1`, ... (a Sequential) gives the prefix ""
+// and the pattern `^[0-9]+$`.
 
 namespace ddo::core::planner_internal {
 

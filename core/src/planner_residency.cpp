@@ -20,8 +20,8 @@
 // FLUX single block, which the default always-resident pattern matches) are counted once, in
 // always_resident_bytes, and never again in a block's cost. The balanced policy subtracts
 // move-once and always-resident bytes from the VRAM before it hands the rest to candidates:
-// benchmarks.md records a system whose always-resident modules came on top of its budget and
-// broke an 8 GiB cap.
+// docs/design/0009-benchmarks.md (section 4) records a system whose always-resident modules came on
+// top of its budget and broke an 8 GiB cap.
 //
 // Note [Always-resident fits the card]
 // The default always-resident pattern matches every module named proj_out, and FLUX has one in
@@ -558,9 +558,10 @@ void Planner::select_residents() {
 }  // namespace planner_internal
 
 std::int64_t balanced_headroom_bytes(std::int64_t total_vram_bytes) {
-  // <= 8.5 GiB: 2.5 GiB, the middle of the spec's 2-3 GiB. The CUDA context, library workspaces
-  // and one step's activations do not shrink with the card, so the small-card headroom cannot
-  // go far below the 12 GiB tier's; 3 GiB would cost an 8 GiB card a further 6% of its memory.
+  // <= 8.5 GiB: 2.5 GiB, the middle of the 2-3 GiB of docs/design/0006-configuration.md, section 6.
+  // The CUDA context, library workspaces and one step's activations do not shrink with the card, so
+  // the small-card headroom cannot go far below the 12 GiB tier's; 3 GiB would cost an 8 GiB card a
+  // further 6% of its memory.
   if (total_vram_bytes <= static_cast<std::int64_t>(8.5 * kGiB)) return 5 * kGiBBytes / 2;
   if (total_vram_bytes <= static_cast<std::int64_t>(12.5 * kGiB)) return 5 * kGiBBytes / 2;
   return std::max<std::int64_t>(3 * kGiBBytes,

@@ -33,7 +33,8 @@
 // at the fewest units that could cover the excess (the largest ones) and grows until the host
 // units plus the ring fit. The ring takes what the budget leaves after the host units, up to
 // window + 2 x the largest disk unit (size_disk_ring). A unit holding a tensor that a loader
-// already pinned stays "host": it is in RAM already, and pins a loader made are kept (spec §7).
+// already pinned stays "host": it is in RAM already, and pins a loader made are kept
+// (docs/design/0007-named-profiles.md, section 4).
 //
 // When even every unit on disk leaves the host units and the smallest ring (2 x the largest unit)
 // over the budget, there is no plan. Under host_ram_cap_gb that is an error (kResourceExhausted)

@@ -15,8 +15,9 @@ void one_shot_fast(DynamicOffloadConfig& c) {
   c.auto_budget_policy = AutoBudgetPolicy::kBalanced;
   c.resident_module_budget_gb = 0.0;      // the balanced policy (or a profile) chooses
   c.max_resident_module_budget_gb = 0.0;  // uncapped
-  // Every repeated block list is a candidate (FLUX has two): with only the largest, a 24 GiB
-  // card holds no more than a 16 GiB one (benchmarks.md). See the planner's Note on auto_all.
+  // Every repeated block list is a candidate (FLUX has two): with only the largest, a 24 GiB card
+  // holds no more than a 16 GiB one (docs/design/0009-benchmarks.md, section 4). See the planner's
+  // Note on auto_all.
   c.resident_module_patterns = {"auto_all"};
   c.resident_module_selection = Selection::kSpread;
   c.system_ram_headroom_gb = 8.0;

@@ -59,7 +59,8 @@ Status read_env_field(const Field& field, const char* name, const std::string& r
                         internal::str_cat(name, "=\"", raw, "\" ", problem));
         };
         if constexpr (std::is_same_v<T, bool>) {
-          // The spec: 1/true/yes/on are true, anything else false. Kept, but not silently.
+          // 1/true/yes/on are true, anything else false. Kept, but not silently
+          // (docs/design/0006-configuration.md, section 2).
           slot = parse_env_bool(raw);
           if (!is_known_bool(raw)) {
             warnings->push_back(internal::str_cat(

@@ -303,7 +303,7 @@ TEST(ConfigValidate, RangesNameTheFieldAndTheRange) {
   c.small_tensor_threshold_bytes = std::numeric_limits<std::int64_t>::max();
   EXPECT_FALSE(validate_config(c).ok());
   c = {};
-  c.pin_weight_budget_ratio = 3;  // clamped where used, as the spec says
+  c.pin_weight_budget_ratio = 3;  // clamped where used (docs/design/0006-configuration.md)
   EXPECT_TRUE(validate_config(c).ok());
 }
 

@@ -235,7 +235,7 @@ TEST(Settings, SimulatedCopyRateHasAFloor) {
 
 TEST(Settings, ClampedRatioIsAWarningNamingTheSource) {
   DynamicOffloadSettings s = load({{"DDO_PIN_WEIGHT_BUDGET_RATIO", "-3"}});
-  EXPECT_EQ(s.config.pin_weight_budget_ratio, 0.0);  // the spec's result
+  EXPECT_EQ(s.config.pin_weight_budget_ratio, 0.0);  // clamped (docs/design/0006-configuration.md)
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_EQ(s.warnings[0], "DDO_PIN_WEIGHT_BUDGET_RATIO=\"-3\" is outside [0, 1]; clamped to 0");
   EXPECT_EQ(s.to_json().at("warnings"), json::array({s.warnings[0]}));
@@ -260,7 +260,7 @@ TEST(Settings, ClampedRatioIsAWarningNamingTheSource) {
 
 TEST(Settings, UnknownBooleanTextIsFalseWithAWarning) {
   DynamicOffloadSettings s = load({{"DDO_VERBOSE", "maybe"}, {"DDO_PIN_CPU_MEMORY", "yes"}});
-  EXPECT_FALSE(s.config.verbose);  // the spec: anything else is false
+  EXPECT_FALSE(s.config.verbose);  // anything else is false (docs/design/0006-configuration.md)
   EXPECT_TRUE(s.config.pin_cpu_memory);
   ASSERT_EQ(s.warnings.size(), 1u);
   EXPECT_NE(s.warnings[0].find("DDO_VERBOSE=\"maybe\" is not a boolean"), std::string::npos)

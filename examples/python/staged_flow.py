@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The seed page's staged flow on a diffusers FluxPipeline, with a named workload profile.
+"""The staged flow on a diffusers FluxPipeline, with a named workload profile.
+
+The flow and its rules: docs/design/0007-named-profiles.md, section 1.
 
     1. encode the prompt          (text encoders offloaded), then release the encoders
     2. denoise under profile_run() (the transformer, under the profile name), then release it

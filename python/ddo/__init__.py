@@ -1,6 +1,7 @@
 """ddo: dynamic device offloading for large diffusion models, from PyTorch and diffusers.
 
-The seed page's API, name for name, over the same C++ library the ``ddo`` tools use::
+The named-profile API (docs/design/0007-named-profiles.md), name for name, over the same C++
+library the ``ddo`` tools use::
 
     import ddo
 

@@ -1,4 +1,6 @@
-"""enable_offload for torch.nn.Module: the seed page's entry point.
+"""enable_offload for torch.nn.Module: the entry point of the named-profile API.
+
+The API and its rules: docs/design/0007-named-profiles.md.
 
 Python gathers the model once: ``named_modules()`` in order, each module's class, kind (Linear,
 Conv1d/2d/3d, Embedding, other) and its direct parameters and buffers, as the model's own tensor
@@ -56,7 +58,9 @@ RecordEvent = Callable[[str, float, dict], Any]
 
 
 class ProfileRunContext:
-    """``with offload.profile_run() as report:`` -- the seed's measured region.
+    """``with offload.profile_run() as report:`` -- the measured region.
+
+    The rules: docs/design/0007-named-profiles.md, section 3.
 
     On a calibration (or pending-probe) run the region is measured and, only when the block
     exits without an exception, saved. On a normal run the stored recommendation was already
@@ -104,8 +108,9 @@ class ProfileRunContext:
 class OffloadResult:
     """What ``enable_offload`` returns: the handle of one model's offload.
 
-    ``profile_run()`` opens the measured region; ``report()`` is the JSON-safe report (spec §9);
-    ``summary()`` one screen for humans; ``remove()`` restores the model.
+    ``profile_run()`` opens the measured region; ``report()`` is the JSON-safe report
+    (docs/design/0008-loading-and-reports.md, section 2); ``summary()`` one screen for humans;
+    ``remove()`` restores the model.
     """
 
     def __init__(
@@ -132,7 +137,7 @@ class OffloadResult:
             _sdnq.install_forward(module, code)
             self._sdnq_modules.append(module)
 
-    # -- the seed's API ---------------------------------------------------------------------
+    # -- the named-profile API (docs/design/0007-named-profiles.md) ---------------------------
     def profile_run(self) -> ProfileRunContext:
         """The measured region (a context manager yielding the profile report dict)."""
         self._check_active()

@@ -1,7 +1,7 @@
 """The seed library's entry points and helpers under its names (diffusers-dynamic-offloader 0.1.0rc2).
 
 A script written against ``diffusers_dynamic_offloader`` keeps working when its import is
-replaced by ``ddo`` for the names below; each one forwards to ddo's own API (spec, C++ core).
+replaced by ``ddo`` for the names below; each one forwards to ddo's own API (the C++ core).
 README "Drop-in for diffusers-dynamic-offloader" lists every public name of the library with
 ddo's decision, and python/tests/test_compat.py runs both side by side::
 
@@ -126,7 +126,8 @@ def load_dynamic_offload_settings_from_env(
     DDO_* variables < these arguments. ``environ`` replaces the process environment.
 
     Differs from the library on purpose: with neither DDO_PRESET nor ``default_preset`` ddo
-    resolves ``auto`` (spec §3), where the library resolves no preset and a disabled plan.
+    resolves ``auto`` (docs/design/0006-configuration.md, section 3), where the library resolves
+    no preset and a disabled plan.
     ``target_module_classes`` is accepted when it names only Linear/Embedding (ddo also streams
     Conv weights); per-component policies come from DDO_<COMPONENT>_ROUTE, so
     ``component_policies`` must be None.

@@ -1,4 +1,6 @@
-"""DynamicOffloadConfig, DynamicOffloadSettings and the preset helpers (spec §3, §4).
+"""DynamicOffloadConfig, DynamicOffloadSettings and the preset helpers.
+
+The rules: docs/design/0006-configuration.md.
 
 Both classes are views of the C++ structs: the field names, defaults, type checks, presets,
 environment variables and override order all live in ddo_core. Python keeps a dict of the
@@ -129,7 +131,9 @@ def _config_fields(config: DynamicOffloadConfig | Mapping[str, Any] | None) -> d
 
 
 class DynamicOffloadSettings:
-    """The resolved view of a config ("the regular settings loader", spec §3).
+    """The resolved view of a config ("the regular settings loader").
+
+    See docs/design/0006-configuration.md, section 2.
 
     Build it with ``from_env``; ``config`` is the resolved ``DynamicOffloadConfig``. The other
     attributes say what the preset resolved to and what the platform allowed: ``requested_preset``,
@@ -207,7 +211,9 @@ class DynamicOffloadSettings:
 
 
 def preset_names() -> list[str]:
-    """Every valid preset: ``auto`` first, then the concrete presets (spec §4)."""
+    """Every valid preset: ``auto`` first, then the concrete presets.
+
+    See docs/design/0006-configuration.md, section 4."""
     return list(_C.preset_names())
 
 

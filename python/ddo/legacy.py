@@ -1,4 +1,6 @@
-"""The seed library's legacy host-context helpers, under its names (spec §6, last item).
+"""The seed library's legacy host-context helpers, under its names.
+
+The API: docs/design/0007-named-profiles.md, section 6.
 
 ``diffusers_dynamic_offloader`` (0.1.0rc2) let a host describe its workload as a JSON "context"
 and record observations under it. These are the same functions over ddo's C++ store
@@ -216,8 +218,9 @@ class DynamicOffloadProfileSession:
         ``(settings, None)``; otherwise the execution context's recommendation is returned, and
         with ``allow_recommendation`` its ``profile_resident_module_budget_gb`` becomes the
         settings' resident budget. ddo has no separate profile-budget field, so the budget is
-        written to ``resident_module_budget_gb``, capped by ``max_resident_module_budget_gb``
-        when that is positive (the spec's cap on a saved recommendation).
+        written to ``resident_module_budget_gb``, capped by ``max_resident_module_budget_gb`` when
+        that is positive (the cap on a saved recommendation: docs/design/0007-named-profiles.md,
+        section 3).
         """
         if not isinstance(settings, DynamicOffloadSettings):
             raise TypeError(

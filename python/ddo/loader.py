@@ -1,4 +1,6 @@
-"""from_pretrained_with_dynamic_offload: load a component straight into ddo's memory (spec §8).
+"""from_pretrained_with_dynamic_offload: load a component straight into ddo's memory.
+
+The rule and why: docs/design/0008-loading-and-reports.md, section 1.
 
     loaded = from_pretrained_with_dynamic_offload(
         model_path, model_loader=FluxTransformer2DModel,
@@ -16,7 +18,7 @@ config.json without weights (parameters on the meta device, then placeholders th
 memory), checks the safetensors files against it, and reads every tensor with several threads
 straight into the memory ddo gives it: streamed weights into their host slab, residents to the
 device. The host never holds the model twice. ``loader="library"`` calls the class's own
-``from_pretrained`` and then attaches offload (two copies on the way, the seed's behaviour).
+``from_pretrained`` and then attaches offload (two copies on the way, the seed library's behaviour).
 """
 
 from __future__ import annotations

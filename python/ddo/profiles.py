@@ -1,4 +1,4 @@
-"""Named-profile store access and the legacy host-context API (spec §6).
+"""Named-profile store access and the legacy host-context API (docs/design/0007-named-profiles.md).
 
 Named profiles are created by ``enable_offload(..., profile_name=..., build_profile=True)`` and
 ``profile_run()``; this module only reads and manages the same files the C++ store and
@@ -42,8 +42,9 @@ HostContextStore = _C.HostContextStore
 
 
 def model_class_name(model_or_class: Any) -> str:
-    """The profile identity's class: a Python model's class ``__qualname__`` (spec §6); for a
-    TorchScript module, its root's qualified TorchScript type, as C++ names it
+    """The profile identity's class: a Python model's class ``__qualname__``
+    (docs/design/0007-named-profiles.md, section 2); for a TorchScript module, its root's
+    qualified TorchScript type, as C++ names it
     (``"__torch__.diffusers.models...FluxTransformer2DModel"``)."""
     if isinstance(model_or_class, str):
         return model_or_class

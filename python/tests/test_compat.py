@@ -1,4 +1,4 @@
-"""ddo against the seed's own library (diffusers-dynamic-offloader 0.1.0rc2, a test oracle only).
+"""ddo against the seed library (diffusers-dynamic-offloader 0.1.0rc2, a test oracle only).
 
 The same calls go through ``diffusers_dynamic_offloader`` and through ``ddo`` on the host and the
 results are compared: keys and context normalization, the legacy host-context helpers and
@@ -512,8 +512,9 @@ def test_settings_from_the_environment_match(environ, wsl):
             "wsl_compat", "warm_process"
         ):
             # Found by this suite, left for the preset owner (core/src/presets.cpp): the library
-            # sets DDO_SMALL_TENSOR_THRESHOLD_KB=1024 in these presets too; ddo follows the spec
-            # table, which lists 1 MiB for one_shot_fast and low_ram_safe only.
+            # sets DDO_SMALL_TENSOR_THRESHOLD_KB=1024 in these presets too; ddo follows the preset
+            # table of docs/design/0006-configuration.md, which lists 1 MiB for one_shot_fast and
+            # low_ram_safe only.
             assert (ours.config.small_tensor_threshold_bytes, theirs.config.small_tensor_threshold_bytes) == (
                 16384, 1 << 20
             )
@@ -533,8 +534,9 @@ def test_bad_environments_fail_alike(environ):
 
 
 def test_differs_no_preset_means_auto():
-    # Spec §3: the regular settings loader takes DDO_PRESET, else auto. The library with neither
-    # DDO_PRESET nor default_preset resolves no preset at all (disabled, plan mode).
+    # docs/design/0006-configuration.md, section 3: the regular settings loader takes DDO_PRESET,
+    # else auto. The library with neither DDO_PRESET nor default_preset resolves no preset at all
+    # (disabled, plan mode).
     theirs = lib.load_dynamic_offload_settings_from_env(environ={})
     ours = ddo.load_dynamic_offload_settings_from_env(environ={})
     assert (theirs.effective_preset, theirs.enabled) == ("", False)

@@ -1,6 +1,7 @@
 """Unmodified diffusers / transformers models (tiny configs, random weights, nothing
 downloaded) under ddo on the sim device: outputs bit-equal in fp32, a real diffusers pipeline
-routed per component, and the seed's staged flow."""
+routed per component, and the staged flow of
+docs/design/0007-named-profiles.md."""
 
 import numpy as np
 import pytest
@@ -168,7 +169,7 @@ def test_pipeline_of_plain_module_attributes():
 @torch.no_grad()
 def staged(te, unet, vae, ids, calibrate=None, name="staged"):
     """Encode, release, denoise (under profile_run when calibrate is not None), release,
-    decode -- the seed's staged flow."""
+    decode -- the staged flow (docs/design/0007-named-profiles.md, section 1)."""
     scheduler = diffusers.DDIMScheduler()
     scheduler.set_timesteps(2)
     managed = calibrate is not None

@@ -1,7 +1,8 @@
-"""ddo's loader (issue 16, spec §8): diffusers and transformers components written by their own
-save_pretrained (one file and sharded), read by ddo straight into place on the sim device, and
-compared with the libraries' own from_pretrained; bad directories and files give errors that
-name the file and tensor and leave nothing attached; a load's peak RSS stays near one copy."""
+"""ddo's loader (issue 16, docs/design/0008-loading-and-reports.md): diffusers and transformers
+components written by their own save_pretrained (one file and sharded), read by ddo straight into
+place on the sim device, and compared with the libraries' own from_pretrained; bad directories and
+files give errors that name the file and tensor and leave nothing attached; a load's peak RSS stays
+near one copy."""
 
 import json
 import os
@@ -17,7 +18,7 @@ from conftest import STREAM_ALL
 from helpers import RSS_PREAMBLE, tiny_flux_inputs
 
 diffusers = pytest.importorskip("diffusers")
-# An explicit config starts from the spec's defaults (plan mode): ask for the runtime.
+# An explicit config starts from the built-in defaults (plan mode): ask for the runtime.
 STREAM = dict(STREAM_ALL, execution_mode="linear_runtime")
 transformers = pytest.importorskip("transformers")
 

@@ -1,6 +1,6 @@
-"""Named workload profiles through the seed's exact code shape, on the sim device: calibrate ->
-save -> reuse, untouched on exceptions, names independent, manual budget and max cap, the
-environment variables, and the same files as the C++ store."""
+"""Named workload profiles through the exact code shape of docs/design/0007-named-profiles.md,
+on the sim device: calibrate -> save -> reuse, untouched on exceptions, names independent, manual
+budget and max cap, the environment variables, and the same files as the C++ store."""
 
 import json
 import os
@@ -27,7 +27,7 @@ def make_workload():
 
 
 def seed_run(model, pipeline, inputs, calibrate, name="my-workload", **overrides):
-    # The seed page's code, with the simulation device.
+    # The code of docs/design/0007-named-profiles.md, section 1, with the simulation device.
     offload = enable_offload(
         model, preset="auto", profile_name=name, build_profile=calibrate,
         execution_device="sim", **overrides,

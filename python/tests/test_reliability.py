@@ -2,7 +2,7 @@
 
 ``execution_device="sim:99999999999"`` reached the adapter's ``std::stoi`` and surfaced as
 ``stoi``; now every way of naming the device (the argument, a config mapping or object, settings
-resolved first, the seed's settings loader, a pipeline, the device opener itself) raises
+resolved first, the regular settings loader, a pipeline, the device opener itself) raises
 ``ValueError`` naming the value, the index and the range (core::check_device_index), and leaves
 the model alone. ``execution_device`` has no ``DDO_*`` variable, so the environment has no route
 to it."""

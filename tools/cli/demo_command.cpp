@@ -1,4 +1,5 @@
-// `ddo demo`: the seed page's flow on the W1 model (a FLUX-style DiT from stock LibTorch layers).
+// `ddo demo`: the named-profile flow (docs/design/0007-named-profiles.md) on the W1 model (a
+// FLUX-style DiT from stock LibTorch layers).
 //
 //   ddo demo --profile demo-dit --calibrate     # calibrate: "profile saved: ..."
 //   ddo demo --profile demo-dit                 # reuse:     "profile applied: ...",

@@ -12,7 +12,8 @@
 namespace ddo::cli {
 namespace {
 
-// What users compare presets by (spec §4's columns), shown for every preset.
+// What users compare presets by (docs/design/0006-configuration.md, section 4), shown for every
+// preset.
 constexpr const char* kKeyFields[] = {
     "execution_mode",
     "route",

@@ -1,5 +1,6 @@
-// The seed page's staged flow in C++: encode and release the encoder, attach offload to the
-// denoiser, wrap only the denoising loop in profile_run(), release the denoiser, decode.
+// The staged flow (docs/design/0007-named-profiles.md, section 1) in C++: encode and release the
+// encoder, attach offload to the denoiser, wrap only the denoising loop in profile_run(), release
+// the denoiser, decode.
 //
 //   staged_pipeline --calibrate      # first run: measures and saves profile "staged-demo"
 //   staged_pipeline                  # later runs: the saved recommendation is applied at setup

@@ -1,9 +1,9 @@
 // The C++ path of a diffusers model: load the TorchScript file that
 // examples/python/trace_diffusers.py traced (a FluxTransformer2DModel or a UNet2DConditionModel),
-// run the seed's staged flow on it under a named profile -- attach, a measured denoising loop,
-// release; once calibrating, once reusing the saved profile -- and print the profile reports and
-// timings. No Python runs: the TorchScript interpreter calls the aten ops and ddo serves the
-// weights at the dispatcher, as for a torch::nn::Module.
+// run the staged flow (docs/design/0007-named-profiles.md) on it under a named profile -- attach, a
+// measured denoising loop, release; once calibrating, once reusing the saved profile -- and print
+// the profile reports and timings. No Python runs: the TorchScript interpreter calls the aten ops
+// and ddo serves the weights at the dispatcher, as for a torch::nn::Module.
 //
 //   torchscript_flow --model flux/model.pt --inputs flux/inputs.pt [--out out.pt]
 //                    [--report report.json] [--device sim|cuda:N] [--profile NAME] [--steps N]

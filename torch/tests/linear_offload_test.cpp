@@ -79,7 +79,7 @@ TEST_P(LinearOffloadTest, OutputsEqualUnmanagedFor2dAnd3dInputs) {
   ASSERT_TRUE(offload->active());
   int managed = 0;
   for (const auto& p : net->parameters()) managed += is_managed(p) ? 1 : 0;
-  // Weights are streamed; 1-D biases are moved once (spec §2: Linear weights [out, in]).
+  // Weights are streamed; 1-D biases are moved once (docs/design/0006-configuration.md, section 1).
   EXPECT_EQ(managed, 4) << offload->summary();
 
   g_recording = recording.get();

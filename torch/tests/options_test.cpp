@@ -1,5 +1,6 @@
-// OffloadOptions::preset (issue 18): a preset the code did not choose comes from DDO_PRESET, as
-// the seed's settings loader does; one the code chose wins over the environment.
+// OffloadOptions::preset (issue 18): a preset the code did not choose comes from DDO_PRESET, as the
+// regular settings loader does (docs/design/0006-configuration.md, section 2); one the code chose
+// wins over the environment.
 #include <gtest/gtest.h>
 
 #include <torch/nn/modules/container/sequential.h>

@@ -1,6 +1,6 @@
-// Host time per intercepted op (benchmarks.md micro (b)): a stack of tiny Linears on the sim
-// device, measured against the same stack unmanaged. Prints the figures only: timings on a
-// shared CPU are measurements, not test results (the GPU figure comes from bench/op_overhead).
+// Host time per intercepted op (docs/design/0009-benchmarks.md, Micro (b)): a stack of tiny Linears
+// on the sim device, measured against the same stack unmanaged. Prints the figures only: timings on
+// a shared CPU are measurements, not test results (the GPU figure comes from bench/op_overhead).
 // What is asserted is the work done: every managed op is intercepted exactly once, and ops on
 // unmanaged tensors never reach the scheduler.
 #include <gtest/gtest.h>

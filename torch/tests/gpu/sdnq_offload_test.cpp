@@ -1,8 +1,9 @@
 // GPU tests of SDNQ models under ddo (label "gpu"; each skips, saying so, without a GPU): packed
-// units streamed through the dequantize kernel give the resident model's outputs bit for bit,
-// and the seed's SDNQ probe lifecycle runs on the card: a zero-resident calibration saves a
-// pending probe (sdnq_baseline_probe_pending), the next normal run applies and measures it and
-// its result replaces the probe (sdnq_probe), and the run after that applies the result.
+// units streamed through the dequantize kernel give the resident model's outputs bit for bit, and
+// the SDNQ probe lifecycle (docs/design/0007-named-profiles.md, section 4) runs on the card: a
+// zero-resident calibration saves a pending probe (sdnq_baseline_probe_pending), the next normal
+// run applies and measures it and its result replaces the probe (sdnq_probe), and the run after
+// that applies the result.
 #include <gtest/gtest.h>
 
 #include <ATen/ops/equal.h>

@@ -1,10 +1,10 @@
 /// \file
-/// The named-profile lifecycle as pure logic (seed "Calibration and measurement", spec §6).
+/// The named-profile lifecycle as pure logic (docs/design/0007-named-profiles.md, section 3).
 ///
 /// The torch adapter owns the device; this file owns every decision: whether a run calibrates,
 /// reuses a saved recommendation, applies a pending SDNQ probe or does nothing; which resident
 /// budget it uses; how a region's memory readings become a peak; and what is saved. Keeping it
-/// free of torch and CUDA lets the worked cases of the seed run as unit tests.
+/// free of torch and CUDA lets every case of the lifecycle run as a unit test.
 ///
 /// ```
 /// ddo::core::PreparedProfile prepared = ddo::core::prepare_profile(
@@ -140,7 +140,7 @@ ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, do
 ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, double peak_gb,
                                             double headroom_gb);
 
-/// JSON-safe information for the host's metrics (spec §6).
+/// JSON-safe information for the host's metrics (docs/design/0007-named-profiles.md, section 5).
 struct ProfileReport {
   std::string name;                                 ///< the profile name
   ProfileStatus status = ProfileStatus::kDisabled;  ///< where the profile stands

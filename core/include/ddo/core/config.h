@@ -1,5 +1,7 @@
 /// \file
-/// DynamicOffloadConfig: every knob of ddo, with the defaults of the spec (ddo-spec.md §3).
+/// DynamicOffloadConfig: every knob of ddo, with its user-facing name and default
+/// (docs/design/0006-configuration.md; the defaults and ranges: Note [Config field table] in
+/// config.cpp).
 ///
 /// A plain struct: code fills it, `DynamicOffloadSettings::from_env` (settings.h) resolves presets
 /// and `DDO_*` environment variables into it. Units are in the names (GiB = 1024^3 bytes). This
@@ -37,7 +39,7 @@
 
 namespace ddo::core {
 
-/// How weights reach the execution device (spec §2).
+/// How weights reach the execution device (docs/design/0006-configuration.md, section 1).
 enum class ExecutionMode {
   kPlan,           ///< build and report the plan; move nothing
   kLinearRuntime,  ///< "dynamic CUDA linear": stream dense Linear / Embedding / Conv weights
@@ -65,7 +67,8 @@ enum class Selection { kFirst, kSpread, kLargest };
 /// DDO_* variables and overrides. Ranges: validate_config().
 struct DynamicOffloadConfig {
   /// Devices. "cuda:N" for a GPU; "sim" / "sim:N" for the host-simulation device; "cpu" is valid
-  /// only for plan mode (calibration on cpu is an error, as the seed says).
+  /// only for plan mode (calibration on cpu is an error: docs/design/0007-named-profiles.md,
+  /// section 3).
   std::string execution_device = "cuda:0";
   /// (spec) Accepted and reported; ddo keeps weights that are not on the device in host memory.
   std::string offload_device = "cpu";

@@ -1,5 +1,6 @@
 /// \file
-/// The legacy host-context profile API (spec §6, last item), kept for existing integrations.
+/// The legacy host-context profile API, kept for existing integrations
+/// (docs/design/0007-named-profiles.md, section 6).
 ///
 /// Before named profiles, a host described its workload as an arbitrary JSON "context" (model,
 /// resolution, steps, GPU, ...) and recorded observations under it. The files are the seed

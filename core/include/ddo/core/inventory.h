@@ -32,12 +32,13 @@
 
 namespace ddo::core {
 
-/// What a module computes, as far as streaming is concerned (spec §2).
+/// What a module computes, as far as streaming is concerned (docs/design/0006-configuration.md,
+/// section 1).
 enum class ModuleKind {
   kLinear,     ///< dense Linear: 2-D weight [out, in]
   kEmbedding,  ///< Embedding: 2-D weight [num, dim]
   kConv,       ///< Conv1d/2d/3d: weight of ndim >= 3
-  kSdnq,       ///< ddo's SDNQ-quantized Linear (spec §7)
+  kSdnq,       ///< ddo's SDNQ-quantized Linear (docs/design/0004-sdnq.md)
   kOther,      ///< anything else (norms, containers, activations, custom layers)
 };
 

@@ -1,6 +1,8 @@
 /// \file
 /// The planner: from a ModelInventory, a DynamicOffloadConfig and platform facts to a Plan that
-/// says, for every module and tensor, where it lives (spec §5, §7 and the seed's SDNQ paragraph).
+/// says, for every module and tensor, where it lives: residents (Note [Auto block pattern],
+/// Note [Spread order], Note [Balanced order]), pinning (SDNQ pin admission:
+/// docs/design/0007-named-profiles.md, section 4) and the disk tier (Note [Disk tier plan]).
 ///
 /// make_plan is a pure function: no torch, no CUDA, no environment, no clock. The same inputs
 /// give the same plan (nothing depends on hash-map order or pointer values), so plans can be cached
@@ -20,8 +22,8 @@
 /// std::cout << plan.summary();
 /// ```
 ///
-/// See Note [Resident cost] and Note [Spread order] in planner_residency.cpp for the two
-/// definitions the spec leaves open.
+/// See Note [Resident cost] and Note [Spread order] in planner_residency.cpp for what a
+/// resident costs and how `spread` picks its candidates.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,7 @@
 /// \file
-/// Presets: named bundles of config values (spec §4), applied above the built-in defaults and
-/// below `DDO_*` environment variables (settings.h has the whole override order).
+/// Presets: named bundles of config values (docs/design/0006-configuration.md, section 4), applied
+/// above the built-in defaults and below `DDO_*` environment variables (settings.h has the whole
+/// override order).
 ///
 /// `auto` resolves to `one_shot_fast`; platform facts (WSL, detected RAM) act later, in the
 /// settings loader, so a preset states intent and the platform may still turn pinning off.
@@ -38,7 +39,8 @@ struct PresetInfo {
   bool enabled = true;      ///< false only for `off`: the host moves modules itself
 };
 
-/// Every valid preset name: "auto" first, then the concrete presets in spec order.
+/// Every valid preset name: "auto" first, then the concrete presets in the order of
+/// docs/design/0006-configuration.md, section 4.
 std::vector<std::string> preset_names();
 
 /// Resolves `name` (case-insensitive, blanks trimmed; "auto" -> one_shot_fast) without touching a

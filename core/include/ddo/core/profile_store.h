@@ -1,5 +1,5 @@
 /// \file
-/// ProfileStore: named workload profiles on disk (spec §6, seed "Identity and storage").
+/// ProfileStore: named workload profiles on disk (docs/design/0007-named-profiles.md, section 2).
 ///
 /// A profile is identified by {user-supplied name, model class qualified name, identity version,
 /// execution mode}. The files are the seed library's (diffusers-dynamic-offloader 0.1.0rc2), so a
@@ -72,7 +72,7 @@ inline constexpr double kMaxProfileGb = 1024.0 * 1024.0;
 /// Per-candidate compute in a profile, ms per step: 0 to one hour.
 inline constexpr double kMaxProfileComputeMs = 3.6e6;
 
-/// profile_measurement_kind values (seed "Calibration and measurement").
+/// profile_measurement_kind values (docs/design/0007-named-profiles.md, section 4).
 inline constexpr std::string_view kKindBaseline = "baseline";
 /// SDNQ calibration whose probe would not be worth a run.
 inline constexpr std::string_view kKindSdnqBaselineSafe = "sdnq_baseline_safe";

@@ -7,7 +7,8 @@
 /// ```
 /// 1. built-in defaults (config.h)
 /// 2. preset values: request.preset, else DDO_PRESET, else "auto" (= one_shot_fast)
-/// 3. DDO_* environment variables (spec §3 and the engine knobs, e.g. DDO_STAGING_MB)
+/// 3. DDO_* environment variables (docs/design/0006-configuration.md, section 2; e.g.
+///    DDO_STAGING_MB)
 /// 4. an explicit config passed by code. When `request.config` is set it REPLACES 1-3
 ///    wholesale: no preset values and no DDO_* config variables are read. `request.preset`
 ///    then only names the preset for reports and its enabled flag ("off" disables); without
@@ -33,11 +34,11 @@
 /// // settings.policy_for("transformer").route == Route::kDynamic (the settings' own route)
 /// ```
 ///
-/// Every DDO_ number has a range (config.cpp, Note [Config field table]): a value outside it is an
-/// error naming the variable and the range. What the spec accepts with a change is kept and
-/// recorded in `warnings`, e.g. {{"DDO_VERBOSE", "maybe"}} gives config.verbose == false and
-/// warnings == {"DDO_VERBOSE=\"maybe\" is not a boolean (1/true/yes/on or 0/false/no/off); read
-/// as false"}.
+/// Every DDO_ number has a range (config.cpp, Note [Config field table]): a value outside it is
+/// an error naming the variable and the range. What the rules accept with a change
+/// (docs/design/0006-configuration.md, section 2) is kept and recorded in `warnings`, e.g.
+/// {{"DDO_VERBOSE", "maybe"}} gives config.verbose == false and warnings == {"DDO_VERBOSE=\"maybe\"
+/// is not a boolean (1/true/yes/on or 0/false/no/off); read as false"}.
 #pragma once
 
 #include <cstdint>
@@ -90,9 +91,10 @@ struct DynamicOffloadSettings {
   /// Keyed by the environment spelling of the component (e.g. "TEXT_ENCODER"); only components
   /// named by a `DDO_<COMPONENT>_ROUTE` / _PRESET variable appear. Use policy_for to look up.
   std::map<std::string, ComponentPolicy> component_policies;
-  /// What resolving accepted with a change the user may not expect, one line each naming the
-  /// source and the value: a clamped ratio (spec: clamped to [0, 1]), a boolean variable whose
-  /// text is none of 1/true/yes/on/0/false/no/off (spec: read as false). Empty when none.
+  /// What resolving accepted with a change the user may not expect, one line each naming the source
+  /// and the value: a clamped ratio (clamped to [0, 1]), a boolean variable whose text is none of
+  /// 1/true/yes/on/0/false/no/off (read as false; docs/design/0006-configuration.md, section 2).
+  /// Empty when none.
   std::vector<std::string> warnings;
 
   /// Resolves a request against `env`; throws ddo::Error (kInvalidArgument) on bad input, e.g.

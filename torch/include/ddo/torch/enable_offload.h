@@ -1,5 +1,6 @@
 /// \file
-/// enable_offload: ddo's entry point for LibTorch models (the seed page's API in C++).
+/// enable_offload: ddo's entry point for LibTorch models (the named-profile API of
+/// docs/design/0007-named-profiles.md, in C++).
 ///
 /// enable_offload takes over weight placement of a model whose weights do not all fit, or should
 /// not all sit, on the execution device: some modules stay resident, large weights of the others
@@ -21,9 +22,10 @@
 ///
 /// Execution devices: "cuda:N" (a GPU; needs a CUDA build and a GPU), "sim" / "sim:N" (the host
 /// simulation: a capacity-limited arena of host memory stands in for VRAM, tensors are CPU
-/// tensors), "cpu" (plan mode only). Settings follow the spec's override order (settings.h):
-/// defaults < preset < DDO_* variables < an explicit config < `overrides` < a saved profile
-/// recommendation (unless the manual resident budget is positive) < the auto policy.
+/// tensors), "cpu" (plan mode only). Settings follow the override order of
+/// docs/design/0006-configuration.md, section 3 (settings.h): defaults < preset < DDO_* variables <
+/// an explicit config < `overrides` < a saved profile recommendation (unless the manual resident
+/// budget is positive) < the auto policy.
 #pragma once
 
 #include <functional>
@@ -64,7 +66,7 @@ using RecordEvent =
 /// What enable_offload() takes besides the model; every field has a working default.
 struct OffloadOptions {
   /// A preset name (presets.h; "auto" is one_shot_fast). Unset: DDO_PRESET, else "auto", as the
-  /// seed's settings loader does for a preset the code did not choose.
+  /// regular settings loader does for a preset the code did not choose (settings.h).
   std::optional<std::string> preset;
   std::string profile_name;    ///< "" disables profile lookup
   bool build_profile = false;  ///< true for a calibration run: profile_run() measures and saves
@@ -72,7 +74,7 @@ struct OffloadOptions {
   /// preset and DDO_* variables); neither: resolved from `preset` and the environment.
   std::optional<core::DynamicOffloadSettings> settings;
   std::optional<core::DynamicOffloadConfig> config;  ///< see `settings`
-  /// Per-field overrides by spec name; unknown names are an error listing them.
+  /// Per-field overrides by field name (config.h); unknown names are an error listing them.
   nlohmann::json overrides = nlohmann::json::object();
   /// Patterns appended to skip_modules_pattern after everything above is resolved: modules the
   /// host keeps where they are (e.g. the Python package's tensor subclasses ddo cannot stream),
@@ -125,8 +127,9 @@ class Offload {
   /// The latest profile report (setup's until a region ends).
   nlohmann::json profile_report() const;
 
-  /// JSON-safe report (spec §9): settings, setup seconds and bytes per action, modules patched,
-  /// resident modules and bytes, pinned bytes, decisions, run figures, profile report.
+  /// JSON-safe report (docs/design/0008-loading-and-reports.md, section 2): settings, setup seconds
+  /// and bytes per action, modules patched, resident modules and bytes, pinned bytes, decisions,
+  /// run figures, profile report.
   nlohmann::json report() const;
   /// One screen for humans.
   std::string summary() const;

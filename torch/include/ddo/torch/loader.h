@@ -1,6 +1,6 @@
 /// \file
-/// The loader (spec §8): a component directory of safetensors files read straight into the
-/// memory each tensor will live in, so the host never holds the model twice.
+/// The loader (docs/design/0008-loading-and-reports.md): a component directory of safetensors files
+/// read straight into the memory each tensor will live in, so the host never holds the model twice.
 ///
 /// The module's weights start as placeholders (Note [Placeholders] in loader.cpp: CPU tensors
 /// of the right shape and dtype that take no memory). Python builds the module on the meta device

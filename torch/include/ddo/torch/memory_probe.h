@@ -1,16 +1,18 @@
 /// \file
-/// MemoryProbe: the seed's peak-VRAM measurement, on a real GPU and on the host simulation.
+/// MemoryProbe: the named-profile peak-VRAM measurement, on a real GPU and on the host simulation.
 ///
-/// Calibration measures how much device memory a workload really needs (seed page, "Calibration
-/// and measurement"): synchronize at the region boundaries, reset the allocator's peak counters,
-/// and take the larger of (a) the driver's view of used memory, observed at the start, the end and
-/// by a sampling thread in between, and (b) the allocator's peak reserved bytes plus the memory
-/// that was in use outside the allocator when the region began. This header provides the
-/// measuring instrument; the peak rule itself (Note [Peak rule] in ddo/core/calibration.h) and
-/// the recommendation live in core, and the probe calls them. See docs/design/0002-measurement.md.
-///
+/// Calibration measures how much device memory a workload really needs
+/// (docs/design/0007-named-profiles.md, section 3): synchronize at the region boundaries, reset the
+/// allocator's peak counters, and take the larger of (a) the driver's view of used memory, observed
+/// at the start, the end and by a sampling thread in between, and (b) the allocator's peak reserved
+/// bytes plus the memory that was in use outside the allocator when the region began. This header
+/// provides the measuring instrument; the peak rule itself (Note [Peak rule] in
+/// ddo/core/calibration.h) and the recommendation live in core, and the probe calls them. See
+/// docs/design/0002-measurement.md.
 /// ```
-/// auto probe = ddo::adapter::make_cuda_memory_probe(/*device=*/0);   // or make_sim_memory_probe
+/// std::unique_ptr<ddo::adapter::MemoryProbe> probe;
+/// ddo::throw_if_error(ddo::adapter::make_cuda_memory_probe(/*device=*/0, &probe));
+/// // or: probe = ddo::adapter::make_sim_memory_probe(*sim_device);
 /// ddo::throw_if_error(probe->start_sampling(std::chrono::milliseconds(2)));
 /// run_denoising_loop();
 /// ddo::adapter::MeasurementResult m = probe->stop_sampling();
@@ -65,7 +67,7 @@ struct MeasurementResult {
   /// Max of driver_used_bytes over the start, the end and every sample in between.
   std::int64_t peak_driver_used_bytes = 0;
   /// start.driver_used_bytes - start.allocator_reserved_bytes (clamped at 0): the CUDA context,
-  /// other libraries, other processes; assumed constant through the region (seed page).
+  /// other libraries, other processes; assumed constant through the region (Note [Peak rule]).
   std::int64_t initial_non_allocator_bytes = 0;
   /// max(end.allocator_peak_reserved_bytes, start.allocator_reserved_bytes): the counters were
   /// reset when the region began, and its peak includes its first instant.

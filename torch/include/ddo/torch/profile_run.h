@@ -1,5 +1,6 @@
 /// \file
-/// ProfileRun: the measured region of a named workload profile (the seed's `profile_run()`).
+/// ProfileRun: the measured region of a named workload profile (`profile_run()` of
+/// docs/design/0007-named-profiles.md).
 ///
 /// Calibration run (build_profile = true): the region synchronizes the device at its boundaries,
 /// takes the process-wide calibration lock for the device (a nested or concurrent region on the
@@ -28,9 +29,10 @@
 /// nlohmann::json report = offload->profile_run([&] { latents = denoise(latents); });
 /// ```
 ///
-/// The report is JSON-safe (spec §6: name, status, resident_budget_gb, path, peak_vram_gb,
-/// total_vram_gb, headroom_gb, profile_measurement_kind, measurement) and is also kept by the
-/// offload (`Offload::profile_report()`), so it stays readable after the region.
+/// The report is JSON-safe (docs/design/0007-named-profiles.md, section 5: name, status,
+/// resident_budget_gb, path, peak_vram_gb, total_vram_gb, headroom_gb, profile_measurement_kind,
+/// measurement) and is also kept by the offload (`Offload::profile_report()`), so it stays readable
+/// after the region.
 #pragma once
 
 #include <memory>
