@@ -72,8 +72,13 @@ def test_capped_load_streams_part_from_disk_with_the_same_outputs(flux_dir):
         torch.testing.assert_close(loaded.module(**flux_inputs(seed)).sample, expected,
                                    rtol=1e-5, atol=1e-6)
     run = loaded.report()["run"]
-    # Every step reads the disk-tier units again (none of them lives in host memory).
-    assert run["disk_bytes_read"] >= steps * plan["disk_bytes"], run
+    # Every step reads the disk-tier units again, except what the host ring still holds from the
+    # step before (Note [Disk tier]: a landed region serves later copies of its unit). The ring is
+    # smaller than the disk bytes, so most of them are read each step; the first step reads all.
+    ring = plan["disk_ring_bytes"]
+    assert 0 < ring < plan["disk_bytes"], plan
+    least = plan["disk_bytes"] + (steps - 1) * (plan["disk_bytes"] - ring)
+    assert run["disk_bytes_read"] >= least, (run, plan)
     loaded.offload.remove()
     # The host gets a complete model back: the disk-tier weights are read from the files again.
     for (name, a), (_, b) in zip(loaded.module.state_dict().items(),
