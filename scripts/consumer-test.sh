@@ -35,7 +35,7 @@ libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:[A-Z]*=//p' "$DDO_BUILD/CMakeCache.txt"
 libdir=${libdir:-lib}
 missing=0
 for f in include/ddo/core/settings.h include/ddo/engine/device.h include/ddo/sdnq/linear.h \
-  include/ddo/torch/enable_offload.h include/ddo/torch/testing/flux_dit.h \
+  include/ddo/torch/enable_offload.h \
   "$libdir/libddo_core.a" "$libdir/libddo_engine.a" "$libdir/libddo_sdnq.so" \
   "$libdir/libddo_torch.so" "$libdir/cmake/ddo/ddoConfig.cmake" \
   "$libdir/cmake/ddo/ddoConfigVersion.cmake" "$libdir/cmake/ddo/ddoTargets.cmake" \
@@ -46,6 +46,15 @@ for f in include/ddo/core/settings.h include/ddo/engine/device.h include/ddo/sdn
   fi
 done
 [ "$missing" = 0 ] || exit 1
+# The FLUX test model lives in the build-only ddo_torch_testing target, not in what users link.
+if nm -DC "$prefix/$libdir/libddo_torch.so" | grep -q 'FluxDiT'; then
+  echo "consumer-test: the installed libddo_torch.so carries the FluxDiT test model" >&2
+  exit 1
+fi
+if [ -e "$prefix/include/ddo/torch/testing" ]; then
+  echo "consumer-test: the install carries the testing headers (include/ddo/torch/testing)" >&2
+  exit 1
+fi
 # Note [Installed RPATH] in cmake/DdoInstall.cmake: the libraries find each other by $ORIGIN.
 if ! readelf -d "$prefix/$libdir/libddo_torch.so" | grep -q 'R.*PATH.*\$ORIGIN'; then
   echo "consumer-test: the installed libddo_torch.so has no \$ORIGIN in its RUNPATH:" >&2

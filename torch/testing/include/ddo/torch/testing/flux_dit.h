@@ -1,15 +1,16 @@
 /// \file
 /// FluxDiT: the W1 workload, a FLUX.1-style MMDiT written with stock LibTorch layers.
 ///
-/// The benchmark model of shared/spec/benchmarks.md (W1 `flux-dit`): double-stream blocks (image
-/// and text streams with their own weights, joint attention over both) followed by single-stream
-/// blocks over the concatenated sequence, adaLN-Zero modulation from a timestep embedding. Every
-/// weight-bearing layer is a stock `torch::nn::Linear`, so ddo intercepts it without changes to
-/// the model. Module names follow diffusers' FluxTransformer2DModel (`x_embedder`,
-/// `context_embedder`, `time_embed`, `transformer_blocks.N`, `single_transformer_blocks.N`,
-/// `norm_out`, `proj_out`; inside blocks `norm1.linear`, `attn.to_q`, `attn.to_out.0`,
-/// `ff.net.0.proj`, `ff.net.2`, `proj_mlp`, `proj_out`, ...) so that the auto block pattern and
-/// the default always-resident pattern see what they see on the real model.
+/// The benchmark model of docs/design/0009-benchmarks.md (W1 `flux-dit`): double-stream blocks
+/// (image and text streams with their own weights, joint attention over both) followed by
+/// single-stream blocks over the concatenated sequence, adaLN-Zero modulation from a timestep
+/// embedding. Every weight-bearing layer is a stock `torch::nn::Linear`, so ddo intercepts it
+/// without changes to the model. Module names follow diffusers' FluxTransformer2DModel
+/// (`x_embedder`, `context_embedder`, `time_embed`, `transformer_blocks.N`,
+/// `single_transformer_blocks.N`, `norm_out`, `proj_out`; inside blocks `norm1.linear`,
+/// `attn.to_q`, `attn.to_out.0`, `ff.net.0.proj`, `ff.net.2`, `proj_mlp`, `proj_out`, ...) so that
+/// the auto block pattern and the default always-resident pattern see what they see on the real
+/// model.
 ///
 /// Weights are random from a fixed seed, scaled so that activations stay finite at full depth in
 /// bf16. Presets: "tiny" (tests, 0.44 M parameters, fp32), "small" (CI and demos, 71 M, fp32),
