@@ -572,7 +572,7 @@ def add_common_args(p, child_timeout: float) -> None:
 def check_common_args(p, args) -> None:
     """Checks --steps and parses --overrides (p.error on a bad value)."""
     if args.steps < 1:
-        p.error("--steps must be >= 1 (the spec asks for >= 5)")
+        p.error("--steps must be >= 1 (docs/design/0009-benchmarks.md asks for >= 5)")
     try:
         args.overrides = json.loads(args.overrides)
         assert isinstance(args.overrides, dict)

@@ -3,7 +3,7 @@ the benchmarks write (none of them writes its own table):
 
   w1_table(docs)   W1 (bench/w1, C++) and W1-py (bench/python/w1_py.py): the rows of one or more
                    documents joined in cap order (several device calls may each run some caps),
-                   two targets of shared/spec/benchmarks.md checked on each row (peak VRAM within
+                   two targets of docs/design/0009-benchmarks.md checked on each row (peak VRAM within
                    the cap, efficiency >= 0.95 on the calibrated route), one footer line per
                    document (machine, versions, commit, command)
   w2_table(doc)    W2 (bench/python/w2_py.py, which rewrites w2.md after every row with it)

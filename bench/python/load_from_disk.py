@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """W1-py from disk (issue 16): ddo's loader against diffusers' from_pretrained + group offload.
 
-Writes W1-py's FluxTransformer2DModel (bench/python/bc.py: FLUX.1-dev dimensions, seeded
+Writes W1-py's FluxTransformer2DModel (bench/python/bench_common.py: FLUX.1-dev dimensions, seeded
 random bf16 weights) to --dir with ``save_pretrained`` (sharded), then, each in a fresh process:
 
   disk          the files' sequential read bandwidth: cold (page cache dropped for these files

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """W1-py: diffusers' own FluxTransformer2DModel under ddo, against diffusers' group offload.
 
-shared/spec/benchmarks.md, "W1-py": FLUX.1-dev dimensions (19 double + 38 single blocks, 24 heads
+docs/design/0009-benchmarks.md, "W1-py": FLUX.1-dev dimensions (19 double + 38 single blocks, 24 heads
 x 128, guidance embedding), random bf16 weights, 4096 image + 512 text tokens, batch 1, one
 forward per step. Rows, all in one invocation:
 

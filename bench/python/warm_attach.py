@@ -2,7 +2,7 @@
 """Repeat generations in one process (issue 20): attach time of each, with and without warm_process.
 
 The staged flow releases the denoiser after each generation and attaches it again for the next.
-This runs that flow on W1-py's FluxTransformer2DModel (bench/python/bc.py sizes: FLUX.1-dev
+This runs that flow on W1-py's FluxTransformer2DModel (bench/python/bench_common.py sizes: FLUX.1-dev
 dimensions, seeded random bf16 weights) for --generations generations per mode, all in one
 process, each generation being:
 

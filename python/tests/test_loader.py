@@ -98,6 +98,38 @@ def test_deferred_load_then_enable_offload(flux_dirs):
     offload.remove()
 
 
+DEVICES = ["sim", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU: the CUDA case of the resident upload"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@torch.no_grad()
+def test_residents_go_from_the_file_through_bounce_buffers(flux_dirs, device):
+    """Residents and move-once tensors the loader reads go file -> pinned bounce buffer ->
+    device (Note [Host uploads]): every byte of them, with the library's outputs."""
+    path = flux_dirs / "sharded"
+    library = diffusers.FluxTransformer2DModel.from_pretrained(path).eval()
+    expected = library(**flux_inputs()).sample
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=dict(STREAM, execution_device=device,
+                                    resident_module_budget_gb=1.0,
+                                    small_tensor_threshold_bytes=1 << 20),
+    )
+    setup = loaded.report()["setup"]
+    placed = setup["bytes"]["resident"] + setup["bytes"]["move_once"]
+    assert placed > 0, setup
+    assert setup["load"]["bounced_bytes"] == placed, setup
+    inputs = {k: v.to(device) if device == "cuda" else v for k, v in flux_inputs().items()}
+    out = loaded.module(**inputs).sample.cpu()
+    if device == "cuda":  # GPU kernels against the CPU reference
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    else:
+        assert_same_output(out, expected)
+    loaded.offload.remove()
+    assert_same_state(loaded.module, library)
+
+
 @torch.no_grad()
 def test_dtype_converts_like_the_library(flux_dirs):
     library = diffusers.FluxTransformer2DModel.from_pretrained(

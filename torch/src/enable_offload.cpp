@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -36,6 +37,7 @@
 #include "ddo/engine/copy_scheduler.h"
 #include "ddo/engine/device.h"
 #include "ddo/engine/host_slab.h"
+#include "ddo/engine/host_upload.h"
 #include "ddo/torch/weight_cache.h"
 #include "intercept_common.h"
 #include "offload_state.h"
@@ -51,7 +53,7 @@ namespace internal {
 // Streamed weights are copied into host slabs and re-pointed (set_data) unit by unit, in chunks
 // of about 1 GiB, so each original storage can be freed as soon as its copy exists: for pageable
 // slabs the process holds about one copy of the model at any time. Pinned slabs are committed
-// when allocated, so pinning from an ordinary CPU model briefly holds both; the loader (spec §8)
+// when allocated, so pinning from an ordinary CPU model briefly holds both; the loader (loader.h)
 // avoids that by loading straight into the slabs.
 
 namespace {
@@ -83,64 +85,6 @@ std::size_t span_bytes(const at::Tensor& t) {
 at::Tensor host_source(const at::Tensor& t) {
   if (t.device().is_cpu()) return t;
   return t.to(c10::kCPU);
-}
-
-void parallel_copy(const std::vector<std::tuple<void*, const void*, std::size_t>>& jobs,
-                   int workers) {
-  workers = std::max(1, std::min<int>(workers, static_cast<int>(jobs.size())));
-  if (workers == 1) {
-    for (const auto& [dst, src, n] : jobs) std::memcpy(dst, src, n);
-    return;
-  }
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&] {
-      for (std::size_t i = next++; i < jobs.size(); i = next++) {
-        const auto& [dst, src, n] = jobs[i];
-        std::memcpy(dst, src, n);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-}
-
-// Note [Registered resident copies]
-// ---------------------------------
-// Residents are copied once, at setup, from the model's ordinary (pageable) CPU memory. The
-// driver copies pageable memory through its own bounce buffers at about 6 GB/s on the H200
-// machine, while registering memory that is already paged in runs at 14.7 GB/s and a copy from
-// it at 53 GB/s (benchmarks.md). So each large source is registered for the duration of its
-// copy: only the pages lying wholly inside the tensor, so no page is ever registered twice by
-// two neighbouring tensors; the unaligned head and tail (under a page each) go the pageable way.
-// A source the driver refuses (already pinned, read-only mapping, pin limit) is copied pageable:
-// slower, never wrong. Registration of the next tensor overlaps the previous tensor's copy.
-constexpr std::size_t kRegisterMinBytes = std::size_t{4} << 20;
-constexpr std::uintptr_t kPageBytes = 4096;
-
-void copy_to_device_registered(engine::Device& device, char* dst, const char* src, std::size_t n,
-                               engine::Stream stream, std::vector<void*>* registered) {
-  if (n >= kRegisterMinBytes && device.caps().host_register) {
-    const auto begin = reinterpret_cast<std::uintptr_t>(src);
-    const std::uintptr_t lo = (begin + kPageBytes - 1) / kPageBytes * kPageBytes;
-    const std::uintptr_t hi = (begin + n) / kPageBytes * kPageBytes;
-    if (hi > lo && hi - lo >= kRegisterMinBytes) {
-      void* interior = reinterpret_cast<void*>(lo);
-      if (device.register_host(interior, hi - lo).ok()) {
-        registered->push_back(interior);
-        const std::size_t head = lo - begin;
-        const std::size_t tail = begin + n - hi;
-        if (head > 0) throw_if_error(device.copy_to_device_async(dst, src, head, stream));
-        throw_if_error(device.copy_to_device_async(dst + head, interior, hi - lo, stream));
-        if (tail > 0) {
-          throw_if_error(device.copy_to_device_async(
-              dst + head + (hi - lo), reinterpret_cast<const char*>(hi), tail, stream));
-        }
-        return;
-      }
-    }
-  }
-  throw_if_error(device.copy_to_device_async(dst, src, n, stream));
 }
 
 void emit(const OffloadState& s, const std::string& name, double seconds,
@@ -391,9 +335,88 @@ std::uint64_t cached_fingerprint(const OffloadState& s, int id) {
   return it == s.cached_fingerprints.end() ? 0 : it->second;
 }
 
-// Moves the resident / move-once tensors of one module into one device allocation.
+// The loader's residents and move-once tensors, file -> pinned bounce buffer -> device (Note
+// [Host uploads], second case): tensors are packed into the held buffer and read in one parallel
+// batch when it is full, then copied out of it while the next batch is read into the other one.
+// A tensor larger than a buffer, or every tensor when the buffers cannot be pinned, is read into
+// ordinary memory and copied registered (the first case).
+class FileUploads {
+ public:
+  static constexpr std::size_t kMinBufferBytes = std::size_t{64} << 20;
+  static constexpr std::size_t kMaxBufferBytes = std::size_t{256} << 20;
+  static constexpr int kBuffers = 2;
+
+  FileUploads(OffloadState& s, engine::Stream stream, std::size_t largest_bytes)
+      : s_(s), stream_(stream) {
+    const std::size_t bytes =
+        std::clamp(align_up(largest_bytes, kTensorAlignment), kMinBufferBytes, kMaxBufferBytes);
+    if (!engine::BounceBuffers::create(*s.device, bytes, kBuffers, stream, &bounce_).ok()) {
+      bounce_.reset();  // not pinnable now: the registered path, slower and just as correct
+    }
+  }
+
+  // Queues `r` (from the file) to land at device address `dst`.
+  void add(const ReplacedTensor& r, char* dst) {
+    const std::size_t n = span_bytes(r.handle);
+    if (n == 0) return;
+    if (!bounce_ || n > bounce_->buffer_bytes()) {
+      copy_directly(r, dst, n);
+      return;
+    }
+    if (buf_ != nullptr && align_up(used_, kTensorAlignment) + n > bounce_->buffer_bytes()) {
+      flush();
+    }
+    if (buf_ == nullptr) throw_if_error(bounce_->acquire(&buf_));
+    used_ = align_up(used_, kTensorAlignment);
+    reads_.push_back({r.name, buf_ + used_, r.handle.scalar_type(), r.handle.numel()});
+    copies_.emplace_back(dst, used_, n);
+    used_ += n;
+  }
+
+  // Every queued tensor read and copied; the copies have landed.
+  void finish() {
+    flush();
+    if (bounce_) throw_if_error(bounce_->drain());
+  }
+
+  std::size_t bounced_bytes() const { return bounce_ ? bounce_->bytes_copied() : 0; }
+
+ private:
+  void flush() {
+    if (buf_ == nullptr) return;
+    s_.weights->read(reads_, s_.record_event);
+    for (const auto& [dst, offset, n] : copies_) throw_if_error(bounce_->copy_out(dst, offset, n));
+    throw_if_error(bounce_->release());
+    reads_.clear();
+    copies_.clear();
+    buf_ = nullptr;
+    used_ = 0;
+  }
+
+  void copy_directly(const ReplacedTensor& r, char* dst, std::size_t n) {
+    at::Tensor t = at::empty(r.sizes, at::TensorOptions().dtype(r.handle.scalar_type()));
+    s_.weights->read({{r.name, t.data_ptr(), t.scalar_type(), t.numel()}}, s_.record_event);
+    std::vector<void*> registered;
+    throw_if_error(engine::copy_to_device_registered(
+        *s_.device, dst, static_cast<const char*>(t.data_ptr()), n, stream_, &registered));
+    s_.device->synchronize_stream(stream_);  // `t` is freed when this returns
+    for (void* p : registered) s_.device->unregister_host(p);
+  }
+
+  OffloadState& s_;
+  engine::Stream stream_;
+  std::unique_ptr<engine::BounceBuffers> bounce_;
+  char* buf_ = nullptr;  // the held buffer, or null
+  std::size_t used_ = 0;
+  std::vector<WeightSource::Read> reads_;
+  std::vector<std::tuple<char*, std::size_t, std::size_t>> copies_;  // (dst, offset, bytes)
+};
+
+// Moves the resident / move-once tensors of one module into one device allocation. Those the
+// loader reads from the file go through `uploads` (they land by uploads.finish()); the others are
+// copied from host memory, registered, before this returns.
 void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& replaced_ids,
-                           engine::Stream stream) {
+                           engine::Stream stream, FileUploads* uploads) {
   std::size_t total = 0;
   std::vector<std::size_t> offsets;
   for (std::size_t id : replaced_ids) {
@@ -425,30 +448,24 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
   }
   std::shared_ptr<engine::Device> dev = s.device;
   std::shared_ptr<void> holder(chunk, [dev](void* p) { dev->deallocate(p); });
-  std::vector<at::Tensor> sources;
+  std::vector<at::Tensor> sources;  // kept alive until their copies have landed
   std::vector<void*> registered;
-  // The loader's tensors of this module are read in one parallel batch first.
-  std::vector<WeightSource::Read> reads;
-  for (std::size_t id : replaced_ids) {
-    const ReplacedTensor& r = s.replaced[id];
-    if (!r.from_file) {
-      sources.push_back(host_source(r.handle));
+  for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
+    const ReplacedTensor& r = s.replaced[replaced_ids[k]];
+    char* dst = static_cast<char*>(chunk) + offsets[k];
+    if (r.from_file) {
+      uploads->add(r, dst);
       continue;
     }
-    at::Tensor t = at::empty(r.sizes, at::TensorOptions().dtype(r.handle.scalar_type()));
-    reads.push_back({r.name, t.data_ptr(), t.scalar_type(), t.numel()});
-    sources.push_back(std::move(t));
-  }
-  if (!reads.empty()) s.weights->read(reads, s.record_event);
-  for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
-    const at::Tensor& src = sources[k];
+    at::Tensor src = host_source(r.handle);
     const std::size_t n = span_bytes(src);
     if (n > 0) {
-      copy_to_device_registered(*s.device, static_cast<char*>(chunk) + offsets[k],
-                                static_cast<const char*>(src.data_ptr()), n, stream, &registered);
+      throw_if_error(engine::copy_to_device_registered(
+          *s.device, dst, static_cast<const char*>(src.data_ptr()), n, stream, &registered));
     }
+    sources.push_back(std::move(src));
   }
-  s.device->synchronize_stream(stream);
+  if (!sources.empty()) s.device->synchronize_stream(stream);
   for (void* p : registered) s.device->unregister_host(p);
   for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
     ReplacedTensor& r = s.replaced[replaced_ids[k]];
@@ -494,14 +511,28 @@ void check_smallest_plan_fits(const OffloadState& s) {
               : std::string()));
 }
 
-void apply_plan(OffloadState& s, int pin_workers) {
-  const core::Plan& plan = s.plan;
-  const core::DynamicOffloadConfig& config = s.settings.config;
+// Note [Attach phases]
+// ~~~~~~~~~~~~~~~~~~~~
+// apply_plan carries a plan out in a fixed order, each phase one function below:
+//   1. collect_replaced      every tensor the plan moves, with its original look (tied views
+//                            follow the first); then check_smallest_plan_fits, before anything
+//                            moves
+//   2. read_kept_from_file   tensors that stay where they are but come from the loader's file
+//   3. place_residents       residents and move-once tensors, one device allocation per module
+//   4. layout_stream_units   the streamed tensors of each plan unit at their offsets
+//   5. build_stream_runtime  host slabs (or the weight cache's), the scheduler and its staging,
+//                            the fill and re-pointing in chunks, the units registered
+//   6. finish_attach         the report's moves, the loader's totals, tied views
+// A phase that throws leaves what the earlier ones did to enable_offload, which restores the model
+// from the state's replaced tensors (OffloadState::restore with setup_failed) and rethrows.
 
-  // 1. Every tensor the plan touches, with its original look; tied views follow the first.
-  std::map<ViewKey, int> first_of_view;
+// Phase 1: the tensors the plan touches; `stays_from_file` gets the modules whose kept tensors
+// the loader fills.
+std::vector<std::vector<int>> collect_replaced(OffloadState& s,
+                                               std::vector<std::size_t>& stays_from_file) {
+  const core::Plan& plan = s.plan;
   std::vector<std::vector<int>> replaced_of(s.tree.entries.size());
-  std::vector<std::size_t> stays_from_file;  // modules with a kept tensor the loader fills
+  std::map<ViewKey, int> first_of_view;
   for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
     ModuleEntry& entry = s.tree.entries[m];
     replaced_of[m].assign(entry.tensors.size(), -1);
@@ -545,30 +576,33 @@ void apply_plan(OffloadState& s, int pin_workers) {
     }
   }
 
-  check_smallest_plan_fits(s);
+  return replaced_of;
+}
 
-  // Tensors that stay where they are but come from the file: read in place (loader.h).
-  if (!stays_from_file.empty()) {
-    ModuleTree kept;
-    stays_from_file.erase(std::unique(stays_from_file.begin(), stays_from_file.end()),
-                          stays_from_file.end());
-    for (std::size_t m : stays_from_file) {
-      ModuleEntry e = s.tree.entries[m];
-      e.tensors.clear();
-      for (std::size_t t = 0; t < s.tree.entries[m].tensors.size(); ++t) {
-        if (replaced_of[m][t] < 0) e.tensors.push_back(s.tree.entries[m].tensors[t]);
-      }
-      kept.entries.push_back(std::move(e));
+// Phase 2: tensors that stay where they are but come from the file, read in place (loader.h).
+void read_kept_from_file(OffloadState& s, const std::vector<std::vector<int>>& replaced_of,
+                         std::vector<std::size_t> stays_from_file) {
+  ModuleTree kept;
+  stays_from_file.erase(std::unique(stays_from_file.begin(), stays_from_file.end()),
+                        stays_from_file.end());
+  for (std::size_t m : stays_from_file) {
+    ModuleEntry e = s.tree.entries[m];
+    e.tensors.clear();
+    for (std::size_t t = 0; t < s.tree.entries[m].tensors.size(); ++t) {
+      if (replaced_of[m][t] < 0) e.tensors.push_back(s.tree.entries[m].tensors[t]);
     }
-    materialize(kept, *s.weights, s.record_event);
+    kept.entries.push_back(std::move(e));
   }
+  materialize(kept, *s.weights, s.record_event);
+}
 
-  // 2. Residents and move-once tensors, one device allocation per module.
+// Phase 3: residents and move-once tensors, one device allocation per module.
+void place_residents(OffloadState& s, const std::vector<std::vector<int>>& replaced_of) {
+  const core::Plan& plan = s.plan;
   auto t0 = Clock::now();
-  engine::Stream stream = s.device->create_stream();
+  std::vector<std::vector<std::size_t>> ids_of(s.tree.entries.size());
+  std::size_t largest_from_file = 0;
   for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
-    std::vector<std::size_t> ids;
-    bool resident = plan.modules[m].placement == core::Placement::kResident;
     for (std::size_t t = 0; t < replaced_of[m].size(); ++t) {
       const int id = replaced_of[m][t];
       if (id < 0 || s.replaced[id].tied_to >= 0 || s.replaced[id].kept_on_device) continue;
@@ -578,26 +612,49 @@ void apply_plan(OffloadState& s, int pin_workers) {
           s.replaced[id].handle.numel() * s.replaced[id].handle.element_size();
       (a == core::TensorAction::kResident ? s.setup.resident_bytes : s.setup.move_once_bytes) +=
           bytes;
-      ids.push_back(static_cast<std::size_t>(id));
+      if (s.replaced[id].from_file) {
+        largest_from_file = std::max(largest_from_file, static_cast<std::size_t>(bytes));
+      }
+      ids_of[m].push_back(static_cast<std::size_t>(id));
     }
-    if (resident) ++s.setup.resident_modules;
-    move_module_to_device(s, ids, stream);
+    if (plan.modules[m].placement == core::Placement::kResident) ++s.setup.resident_modules;
+  }
+  engine::Stream stream = s.device->create_stream();
+  try {
+    std::optional<FileUploads> uploads;
+    if (largest_from_file > 0) uploads.emplace(s, stream, largest_from_file);
+    for (std::size_t m = 0; m < ids_of.size(); ++m) {
+      move_module_to_device(s, ids_of[m], stream, uploads ? &*uploads : nullptr);
+    }
+    if (uploads) {
+      uploads->finish();
+      s.setup.bounced_bytes = static_cast<std::int64_t>(uploads->bounced_bytes());
+    }
+  } catch (...) {
+    s.device->synchronize_stream(stream);
+    s.device->destroy_stream(stream);
+    throw;
   }
   s.device->destroy_stream(stream);
   s.setup.moves_seconds = seconds_since(t0);
+}
 
-  // 3. Streamed tensors: host slabs (one entry per unit), the scheduler, managed storages.
-  t0 = Clock::now();
-  struct UnitLayout {
-    std::vector<int> ids;              // replaced ids, model order
-    std::vector<std::size_t> offsets;  // byte offsets inside the unit
-    std::size_t bytes = 0;
-    bool pinned = false;
-    // Read from the checkpoint every step (the planner's disk tier); only when every tensor of
-    // the unit comes from the file.
-    bool disk = false;
-    std::size_t module = 0;  // the module of its first tensor
-  };
+// A plan unit's streamed tensors as they lie in its slab (or its disk-tier read).
+struct UnitLayout {
+  std::vector<int> ids;              // replaced ids, model order
+  std::vector<std::size_t> offsets;  // byte offsets inside the unit
+  std::size_t bytes = 0;
+  bool pinned = false;
+  // Read from the checkpoint every step (the planner's disk tier); only when every tensor of
+  // the unit comes from the file.
+  bool disk = false;
+  std::size_t module = 0;  // the module of its first tensor
+};
+
+// Phase 4: the units the plan streams, each with its tensors at aligned offsets.
+std::vector<UnitLayout> layout_stream_units(OffloadState& s,
+                                            const std::vector<std::vector<int>>& replaced_of) {
+  const core::Plan& plan = s.plan;
   std::vector<UnitLayout> units;
   std::vector<bool> patched(s.tree.entries.size(), false);
   for (const core::StreamUnit& su : plan.stream_units) {
@@ -618,227 +675,265 @@ void apply_plan(OffloadState& s, int pin_workers) {
   }
   s.setup.modules_patched = static_cast<int>(std::count(patched.begin(), patched.end(), true));
   s.setup.stream_units = static_cast<int>(units.size());
-  if (!units.empty()) {
-    auto rt = std::make_shared<StreamRuntime>();
-    rt->kind = s.kind;
-    rt->execution_device = s.torch_device;
-    rt->sticky_units =
-        config.route == core::Route::kGroupBlock || config.route == core::Route::kGroupLeaf;
-    rt->device = s.device;
-    rt->interception = acquire_interception();
+  return units;
+}
 
-    std::vector<int> streamed_ids;
-    for (std::size_t ui = 0; ui < units.size(); ++ui) {
-      s.unit_bytes.push_back(units[ui].bytes);
-      for (std::size_t k = 0; k < units[ui].ids.size(); ++k) {
-        s.replaced[units[ui].ids[k]].unit = static_cast<int>(ui);
-        s.replaced[units[ui].ids[k]].unit_offset = units[ui].offsets[k];
-        streamed_ids.push_back(units[ui].ids[k]);
-      }
+// Phase 5a: the host bytes of the units: the weight cache's slabs on a hit, else fresh slabs
+// (pinned where the plan says so); disk-tier units get placeholder address space instead.
+// Returns that placeholder's base (nullptr without disk-tier units).
+char* make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                      const std::vector<UnitLayout>& units, const std::vector<int>& streamed_ids) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  std::size_t disk_bytes = 0;
+  for (const UnitLayout& u : units) {
+    rt->unit_on_disk.push_back(u.disk);
+    if (u.disk) disk_bytes = std::max(disk_bytes, u.bytes);
+  }
+  char* disk_base = nullptr;
+  if (disk_bytes > 0) rt->disk_backing = placeholder_span(disk_bytes, &disk_base);
+  const bool any_disk = disk_base != nullptr;
+  // The pinned-weight cache keeps slabs; disk-tier units have none, so it stays out of the way.
+  if (config.cache_pinned_weights && any_disk) s.setup.weight_cache = "off: disk tier";
+  if (config.cache_pinned_weights && !any_disk) {
+    std::shared_ptr<CachedWeights> cached = take_matching_cache_entry(s, streamed_ids);
+    s.setup.weight_cache = cached ? "hit" : "miss";
+    if (cached) rt->slabs = cached->slabs;
+  }
+  if (!rt->slabs) {
+    std::vector<engine::SlabTensor> slab_tensors;
+    // A disk-tier unit takes no slab bytes (its entry is empty; HostSlabs skips it).
+    for (const UnitLayout& u : units)
+      slab_tensors.push_back(
+          u.disk ? engine::SlabTensor{0, false}
+                 : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
+    engine::HostSlabOptions slab_options;
+    slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
+    // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
+    // pages are committed as the fill goes, so the originals freed per chunk keep host RAM near
+    // one copy (Note [Setup order]; Note [Exact-size slabs] in host_slab.cpp).
+    slab_options.pin_by_register = s.device->caps().host_register;
+    std::unique_ptr<engine::HostSlabs> fresh;
+    throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &fresh));
+    // The slabs keep the device that pinned them: the weight cache may outlive this offload.
+    std::shared_ptr<engine::Device> pinned_by = s.device;
+    engine::HostSlabs* raw = fresh.release();
+    rt->slabs = std::shared_ptr<engine::HostSlabs>(
+        raw, [pinned_by](engine::HostSlabs* slabs) { delete slabs; });
+  }
+  return disk_base;
+}
+
+// Phase 5b: the copy scheduler with its staging ring, and each unit's candidate block.
+void make_scheduler(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                    const std::vector<UnitLayout>& units) {
+  const core::Plan& plan = s.plan;
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  // The staging ring, sized by the one rule (Note [Working set]) against the device as it is
+  // now, after residents and move-once tensors: on a small card the window shrinks to half of
+  // what the two largest units leave, the other half being the step's activations.
+  core::StagingRequest request;
+  for (const UnitLayout& u : units) {
+    request.largest_unit_bytes =
+        std::max(request.largest_unit_bytes, static_cast<std::int64_t>(u.bytes));
+    request.streamed_bytes += static_cast<std::int64_t>(u.bytes);
+  }
+  request.window_bytes = core::to_bytes_or_throw(config.prefetch_window_mb, core::ByteUnit::kMiB,
+                                                 "prefetch_window_mb");
+  request.staging_bytes =
+      core::to_bytes_or_throw(config.staging_mb, core::ByteUnit::kMiB, "staging_mb");
+  request.one_unit_ahead = rt->sticky_units;  // the classic routes: exactly one group ahead
+  const engine::DeviceMemory mem = s.device->memory();
+  request.room_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
+  const core::StagingSize staging = core::size_staging(request);
+  engine::SchedulerOptions so;
+  so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);
+  so.window_bytes = static_cast<std::size_t>(staging.window_bytes);
+  so.use_side_stream = s.settings.side_streams_effective;
+  so.disk_ring_bytes = static_cast<std::size_t>(plan.disk_ring_bytes);
+  rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
+  rt->scheduler = rt->scheduler_owner.get();
+  // Note [Copy timing]: a sample of the copies keeps the link measured at a sixteenth of the
+  // per-op cost; calibration and mark_step() time every copy.
+  rt->scheduler->set_timing(engine::Timing::kSampled);
+  {
+    // The candidate (block) of each unit: the nearest ancestor-or-self the planner marked.
+    std::set<std::string> candidates;
+    for (const core::ModulePlan& mp : plan.modules) {
+      if (mp.resident_candidate) candidates.insert(mp.name);
     }
-    std::size_t disk_bytes = 0;
     for (const UnitLayout& u : units) {
-      rt->unit_on_disk.push_back(u.disk);
-      if (u.disk) disk_bytes = std::max(disk_bytes, u.bytes);
+      std::string name = plan.modules[u.module].name;
+      while (!name.empty() && candidates.count(name) == 0) {
+        const std::size_t dot = name.rfind('.');
+        name = dot == std::string::npos ? std::string() : name.substr(0, dot);
+      }
+      rt->unit_candidate.push_back(name);
     }
-    char* disk_base = nullptr;
-    if (disk_bytes > 0) rt->disk_backing = placeholder_span(disk_bytes, &disk_base);
-    const bool any_disk = disk_base != nullptr;
-    // The pinned-weight cache keeps slabs; disk-tier units have none, so it stays out of the way.
-    if (config.cache_pinned_weights && any_disk) s.setup.weight_cache = "off: disk tier";
-    if (config.cache_pinned_weights && !any_disk) {
-      std::shared_ptr<CachedWeights> cached = take_matching_cache_entry(s, streamed_ids);
-      s.setup.weight_cache = cached ? "hit" : "miss";
-      if (cached) rt->slabs = cached->slabs;
-    }
-    if (!rt->slabs) {
-      std::vector<engine::SlabTensor> slab_tensors;
-      // A disk-tier unit takes no slab bytes (its entry is empty; HostSlabs skips it).
-      for (const UnitLayout& u : units)
-        slab_tensors.push_back(
-            u.disk ? engine::SlabTensor{0, false}
-                   : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
-      engine::HostSlabOptions slab_options;
-      slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
-      // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
-      // pages are committed as the fill goes, so the originals freed per chunk keep host RAM near
-      // one copy (Note [Setup order]; Note [Exact-size slabs] in host_slab.cpp).
-      slab_options.pin_by_register = s.device->caps().host_register;
-      std::unique_ptr<engine::HostSlabs> fresh;
-      throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &fresh));
-      // The slabs keep the device that pinned them: the weight cache may outlive this offload.
-      std::shared_ptr<engine::Device> pinned_by = s.device;
-      engine::HostSlabs* raw = fresh.release();
-      rt->slabs = std::shared_ptr<engine::HostSlabs>(
-          raw, [pinned_by](engine::HostSlabs* slabs) { delete slabs; });
-    }
+  }
+}
 
-    // The staging ring, sized by the one rule (Note [Working set]) against the device as it is
-    // now, after residents and move-once tensors: on a small card the window shrinks to half of
-    // what the two largest units leave, the other half being the step's activations.
-    core::StagingRequest request;
-    for (const UnitLayout& u : units) {
-      request.largest_unit_bytes =
-          std::max(request.largest_unit_bytes, static_cast<std::int64_t>(u.bytes));
-      request.streamed_bytes += static_cast<std::int64_t>(u.bytes);
-    }
-    auto unit_data = [&](std::size_t ui) -> char* {
-      return units[ui].disk ? disk_base : static_cast<char*>(rt->slabs->tensor_ptr(ui));
-    };
-    request.window_bytes = core::to_bytes_or_throw(config.prefetch_window_mb, core::ByteUnit::kMiB,
-                                                   "prefetch_window_mb");
-    request.staging_bytes =
-        core::to_bytes_or_throw(config.staging_mb, core::ByteUnit::kMiB, "staging_mb");
-    request.one_unit_ahead = rt->sticky_units;  // the classic routes: exactly one group ahead
-    const engine::DeviceMemory mem = s.device->memory();
-    request.room_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
-    const core::StagingSize staging = core::size_staging(request);
-    engine::SchedulerOptions so;
-    so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);
-    so.window_bytes = static_cast<std::size_t>(staging.window_bytes);
-    so.use_side_stream = s.settings.side_streams_effective;
-    so.disk_ring_bytes = static_cast<std::size_t>(plan.disk_ring_bytes);
-    rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
-    rt->scheduler = rt->scheduler_owner.get();
-    // Note [Copy timing]: a sample of the copies keeps the link measured at a sixteenth of the
-    // per-op cost; calibration and mark_step() time every copy.
-    rt->scheduler->set_timing(engine::Timing::kSampled);
-    {
-      // The candidate (block) of each unit: the nearest ancestor-or-self the planner marked.
-      std::set<std::string> candidates;
-      for (const core::ModulePlan& mp : plan.modules) {
-        if (mp.resident_candidate) candidates.insert(mp.name);
-      }
-      for (const UnitLayout& u : units) {
-        std::string name = plan.modules[u.module].name;
-        while (!name.empty() && candidates.count(name) == 0) {
-          const std::size_t dot = name.rfind('.');
-          name = dot == std::string::npos ? std::string() : name.substr(0, dot);
-        }
-        rt->unit_candidate.push_back(name);
-      }
-    }
-
-    // Fill and re-point in chunks (Note [Setup order]).
-    std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
-    std::vector<WeightSource::Read> reads;  // the loader's: file -> slab, no CPU copy
-    std::vector<std::pair<std::size_t, std::size_t>> pending;  // (unit, index in unit)
-    std::vector<at::Tensor> keep_sources;
-    std::size_t chunk_bytes = 0;
-    auto flush = [&] {
-      parallel_copy(jobs, pin_workers);
-      if (!reads.empty()) s.weights->read(reads, s.record_event);
-      reads.clear();
-      for (const auto& [ui, k] : pending) {
-        const UnitLayout& u = units[ui];
-        ReplacedTensor& r = s.replaced[u.ids[k]];
-        char* data = unit_data(ui) + u.offsets[k];
-        at::Tensor managed =
-            make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
-                                r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
-        set_weight(r.handle, managed);
-        if (r.handle.requires_grad()) r.handle.set_requires_grad(false);
-      }
-      jobs.clear();
-      pending.clear();
-      keep_sources.clear();
-      chunk_bytes = 0;
-#ifdef __GLIBC__
-      // Originals below glibc's mmap threshold were freed into the heap; hand those pages back
-      // so the process holds about one copy of the model (Note [Setup order]).
-      malloc_trim(0);
-#endif
-    };
-    for (std::size_t ui = 0; ui < units.size(); ++ui) {
+// Phase 5c: fills the slabs and re-points every streamed tensor at its managed storage.
+void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                      const std::vector<UnitLayout>& units, char* disk_base, int pin_workers) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  auto unit_data = [&](std::size_t ui) -> char* {
+    return units[ui].disk ? disk_base : static_cast<char*>(rt->slabs->tensor_ptr(ui));
+  };
+  // Fill and re-point in chunks (Note [Setup order]).
+  std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
+  std::vector<WeightSource::Read> reads;  // the loader's: file -> slab, no CPU copy
+  std::vector<std::pair<std::size_t, std::size_t>> pending;  // (unit, index in unit)
+  std::vector<at::Tensor> keep_sources;
+  std::size_t chunk_bytes = 0;
+  auto flush = [&] {
+    engine::parallel_memcpy(jobs, pin_workers);
+    if (!reads.empty()) s.weights->read(reads, s.record_event);
+    reads.clear();
+    for (const auto& [ui, k] : pending) {
       const UnitLayout& u = units[ui];
+      ReplacedTensor& r = s.replaced[u.ids[k]];
+      char* data = unit_data(ui) + u.offsets[k];
+      at::Tensor managed =
+          make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
+                              r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
+      set_weight(r.handle, managed);
+      if (r.handle.requires_grad()) r.handle.set_requires_grad(false);
+    }
+    jobs.clear();
+    pending.clear();
+    keep_sources.clear();
+    chunk_bytes = 0;
+#ifdef __GLIBC__
+    // Originals below glibc's mmap threshold were freed into the heap; hand those pages back
+    // so the process holds about one copy of the model (Note [Setup order]).
+    malloc_trim(0);
+#endif
+  };
+  for (std::size_t ui = 0; ui < units.size(); ++ui) {
+    const UnitLayout& u = units[ui];
+    for (std::size_t k = 0; k < u.ids.size(); ++k) {
+      const ReplacedTensor& r = s.replaced[u.ids[k]];
+      const at::Tensor& h = r.handle;
+      s.setup.streamed_bytes += h.numel() * h.element_size();
+      if (u.disk) {
+        // Stays in the file; the scheduler reads it every step (no bytes now).
+        s.setup.disk_bytes += h.numel() * h.element_size();
+        pending.emplace_back(ui, k);
+        continue;
+      }
+      char* dst = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
+      if (r.from_file) {
+        reads.push_back({r.name, dst, h.scalar_type(), h.numel()});
+        chunk_bytes += span_bytes(h);
+        pending.emplace_back(ui, k);
+        continue;
+      }
+      at::Tensor src = host_source(h);
+      const std::size_t n = span_bytes(src);
+      if (n > 0 && dst == src.data_ptr()) {
+        // Already in its cached slab region (Note [Pinned-weight cache]): no copy.
+        s.setup.weight_cache_reused_bytes += static_cast<std::int64_t>(n);
+        if (sample_fingerprint(dst, n) != cached_fingerprint(s, u.ids[k])) {
+          ++s.setup.weight_cache_changed_in_place;
+        }
+      } else if (n > 0) {
+        jobs.emplace_back(dst, src.data_ptr(), n);
+        chunk_bytes += n;  // only copies count: a cache hit flushes (and trims) once
+        if (s.setup.weight_cache == "hit") {
+          s.setup.weight_cache_refilled_bytes += static_cast<std::int64_t>(n);
+        }
+      }
+      keep_sources.push_back(std::move(src));
+      pending.emplace_back(ui, k);
+    }
+    if (chunk_bytes >= kFillChunkBytes) flush();
+  }
+  flush();
+  throw_if_error(rt->slabs->pin_registered(pin_workers));
+  s.cached_fingerprints.clear();
+  if (config.cache_pinned_weights) {
+    count_weight_cache_attach(s.setup.weight_cache == "hit", s.setup.weight_cache_reused_bytes,
+                              s.setup.weight_cache_refilled_bytes,
+                              s.setup.weight_cache_changed_in_place);
+  }
+}
+
+// Phase 5d: registers every unit with the scheduler, in unit order (ids follow add()).
+void register_units(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                    const std::vector<UnitLayout>& units) {
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const UnitLayout& u = units[i];
+    int id = -1;
+    if (u.disk) {
+      // The unit's tensors at their offsets, read by the scheduler's reader threads.
+      std::vector<WeightSource::Read> unit_reads;
       for (std::size_t k = 0; k < u.ids.size(); ++k) {
         const ReplacedTensor& r = s.replaced[u.ids[k]];
-        const at::Tensor& h = r.handle;
-        s.setup.streamed_bytes += h.numel() * h.element_size();
-        if (u.disk) {
-          // Stays in the file; the scheduler reads it every step (no bytes now).
-          s.setup.disk_bytes += h.numel() * h.element_size();
-          pending.emplace_back(ui, k);
-          continue;
-        }
-        char* dst = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
-        if (r.from_file) {
-          reads.push_back({r.name, dst, h.scalar_type(), h.numel()});
-          chunk_bytes += span_bytes(h);
-          pending.emplace_back(ui, k);
-          continue;
-        }
-        at::Tensor src = host_source(h);
-        const std::size_t n = span_bytes(src);
-        if (n > 0 && dst == src.data_ptr()) {
-          // Already in its cached slab region (Note [Pinned-weight cache]): no copy.
-          s.setup.weight_cache_reused_bytes += static_cast<std::int64_t>(n);
-          if (sample_fingerprint(dst, n) != cached_fingerprint(s, u.ids[k])) {
-            ++s.setup.weight_cache_changed_in_place;
-          }
-        } else if (n > 0) {
-          jobs.emplace_back(dst, src.data_ptr(), n);
-          chunk_bytes += n;  // only copies count: a cache hit flushes (and trims) once
-          if (s.setup.weight_cache == "hit") {
-            s.setup.weight_cache_refilled_bytes += static_cast<std::int64_t>(n);
-          }
-        }
-        keep_sources.push_back(std::move(src));
-        pending.emplace_back(ui, k);
+        unit_reads.push_back({r.name, reinterpret_cast<void*>(u.offsets[k]), r.handle.scalar_type(),
+                              r.handle.numel()});
       }
-      if (chunk_bytes >= kFillChunkBytes) flush();
+      id = rt->scheduler->add_from_reader(
+          u.bytes, [source = s.weights, unit_reads = std::move(unit_reads)](void* dst) {
+            return source->read_unit(unit_reads, static_cast<char*>(dst));
+          });
+    } else {
+      id = rt->scheduler->add(rt->slabs->tensor_ptr(i), u.bytes, rt->slabs->tensor_pinned(i));
     }
-    flush();
-    throw_if_error(rt->slabs->pin_registered(pin_workers));
-    s.cached_fingerprints.clear();
-    if (config.cache_pinned_weights) {
-      count_weight_cache_attach(s.setup.weight_cache == "hit", s.setup.weight_cache_reused_bytes,
-                                s.setup.weight_cache_refilled_bytes,
-                                s.setup.weight_cache_changed_in_place);
-    }
-    for (std::size_t i = 0; i < units.size(); ++i) {
-      const UnitLayout& u = units[i];
-      int id = -1;
-      if (u.disk) {
-        // The unit's tensors at their offsets, read by the scheduler's reader threads.
-        std::vector<WeightSource::Read> unit_reads;
-        for (std::size_t k = 0; k < u.ids.size(); ++k) {
-          const ReplacedTensor& r = s.replaced[u.ids[k]];
-          unit_reads.push_back({r.name, reinterpret_cast<void*>(u.offsets[k]),
-                                r.handle.scalar_type(), r.handle.numel()});
-        }
-        id = rt->scheduler->add_from_reader(
-            u.bytes, [source = s.weights, unit_reads = std::move(unit_reads)](void* dst) {
-              return source->read_unit(unit_reads, static_cast<char*>(dst));
-            });
-      } else {
-        id = rt->scheduler->add(rt->slabs->tensor_ptr(i), u.bytes, rt->slabs->tensor_pinned(i));
-      }
-      DDO_ASSERT(id == static_cast<int>(i), "scheduler unit ids must follow add() order");
-    }
-    const engine::HostSlabStats& hs = rt->slabs->stats();
-    s.setup.pinned_bytes = hs.pinned_bytes;
-    s.setup.pageable_bytes = hs.pageable_bytes;
-    s.setup.pin_fallback_bytes = hs.pin_fallback_bytes;
-    s.setup.pin_seconds = seconds_since(t0);
-    emit(s, "pin", s.setup.pin_seconds,
-         {{"pinned_bytes", hs.pinned_bytes},
-          {"pageable_bytes", hs.pageable_bytes},
-          {"pin_fallback_bytes", hs.pin_fallback_bytes},
-          {"fill_seconds", hs.fill_seconds},
-          {"register_seconds", hs.register_seconds},
-          {"slabs", hs.pinned_slabs + hs.pageable_slabs},
-          {"units", units.size()},
-          {"weight_cache", s.setup.weight_cache},
-          {"weight_cache_reused_bytes", s.setup.weight_cache_reused_bytes}});
-
-    t0 = Clock::now();
-    throw_if_error(rt->scheduler->finalize());
-    s.setup.staging_bytes = static_cast<std::int64_t>(rt->scheduler->staging_bytes());
-    s.setup.disk_ring_bytes = rt->scheduler->stats().disk_ring_bytes;
-    s.setup.moves_seconds += seconds_since(t0);
-    s.runtime = std::move(rt);
+    DDO_ASSERT(id == static_cast<int>(i), "scheduler unit ids must follow add() order");
   }
+}
+
+// Phase 5: the stream runtime (5a-5d), finalized; the offload owns it from here.
+void build_stream_runtime(OffloadState& s, const std::vector<UnitLayout>& units, int pin_workers) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  auto t0 = Clock::now();
+  auto rt = std::make_shared<StreamRuntime>();
+  rt->kind = s.kind;
+  rt->execution_device = s.torch_device;
+  rt->sticky_units =
+      config.route == core::Route::kGroupBlock || config.route == core::Route::kGroupLeaf;
+  rt->device = s.device;
+  rt->interception = acquire_interception();
+
+  std::vector<int> streamed_ids;
+  for (std::size_t ui = 0; ui < units.size(); ++ui) {
+    s.unit_bytes.push_back(units[ui].bytes);
+    for (std::size_t k = 0; k < units[ui].ids.size(); ++k) {
+      s.replaced[units[ui].ids[k]].unit = static_cast<int>(ui);
+      s.replaced[units[ui].ids[k]].unit_offset = units[ui].offsets[k];
+      streamed_ids.push_back(units[ui].ids[k]);
+    }
+  }
+  char* disk_base = make_host_slabs(s, rt, units, streamed_ids);
+  make_scheduler(s, rt, units);
+  fill_and_repoint(s, rt, units, disk_base, pin_workers);
+  register_units(s, rt, units);
+  const engine::HostSlabStats& hs = rt->slabs->stats();
+  s.setup.pinned_bytes = hs.pinned_bytes;
+  s.setup.pageable_bytes = hs.pageable_bytes;
+  s.setup.pin_fallback_bytes = hs.pin_fallback_bytes;
+  s.setup.pin_seconds = seconds_since(t0);
+  emit(s, "pin", s.setup.pin_seconds,
+       {{"pinned_bytes", hs.pinned_bytes},
+        {"pageable_bytes", hs.pageable_bytes},
+        {"pin_fallback_bytes", hs.pin_fallback_bytes},
+        {"fill_seconds", hs.fill_seconds},
+        {"register_seconds", hs.register_seconds},
+        {"slabs", hs.pinned_slabs + hs.pageable_slabs},
+        {"units", units.size()},
+        {"weight_cache", s.setup.weight_cache},
+        {"weight_cache_reused_bytes", s.setup.weight_cache_reused_bytes}});
+
+  t0 = Clock::now();
+  throw_if_error(rt->scheduler->finalize());
+  s.setup.staging_bytes = static_cast<std::int64_t>(rt->scheduler->staging_bytes());
+  s.setup.disk_ring_bytes = rt->scheduler->stats().disk_ring_bytes;
+  s.setup.moves_seconds += seconds_since(t0);
+  s.runtime = std::move(rt);
+}
+
+// Phase 6: the report's moves, the loader's totals, tied views.
+void finish_attach(OffloadState& s) {
   emit(s, "moves", s.setup.moves_seconds,
        {{"resident_bytes", s.setup.resident_bytes},
         {"move_once_bytes", s.setup.move_once_bytes},
@@ -859,6 +954,18 @@ void apply_plan(OffloadState& s, int pin_workers) {
     if (r.handle.requires_grad() && managed_of(target) != nullptr)
       r.handle.set_requires_grad(false);
   }
+}
+
+void apply_plan(OffloadState& s, int pin_workers) {
+  // Note [Attach phases].
+  std::vector<std::size_t> stays_from_file;
+  const std::vector<std::vector<int>> replaced_of = collect_replaced(s, stays_from_file);
+  check_smallest_plan_fits(s);
+  if (!stays_from_file.empty()) read_kept_from_file(s, replaced_of, std::move(stays_from_file));
+  place_residents(s, replaced_of);
+  const std::vector<UnitLayout> units = layout_stream_units(s, replaced_of);
+  if (!units.empty()) build_stream_runtime(s, units, pin_workers);
+  finish_attach(s);
 }
 
 // The bound of Note [Pinned-weight cache]: the explicit pin bounds, else RAM less the headroom.
@@ -1329,7 +1436,9 @@ nlohmann::json Offload::report() const {
         // the files (the planner's disk tier, decision disk_tier).
         {"tier", f.disk_bytes > 0 ? "host+disk" : "host"},
         {"disk_bytes", f.disk_bytes},
-        {"disk_ring_bytes", f.disk_ring_bytes}};
+        {"disk_ring_bytes", f.disk_ring_bytes},
+        // Residents and move-once tensors that went file -> pinned bounce buffer -> device.
+        {"bounced_bytes", f.bounced_bytes}};
   }
   r["modules_patched"] = f.modules_patched;
   r["resident_modules"] = s.plan.resident_module_names();

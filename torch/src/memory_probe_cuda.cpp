@@ -1,5 +1,6 @@
-// The CUDA half of MemoryProbe: the driver view (cudaMemGetInfo), LibTorch's caching allocator
-// figures, and the emulated VRAM cap. Built without CUDA, every entry point reports kUnavailable.
+// The CUDA half of MemoryProbe: the driver view (through the engine's device seam,
+// engine::Device::memory), LibTorch's caching allocator figures, and the emulated VRAM cap. Built
+// without CUDA, every entry point reports kUnavailable.
 #include "ddo/torch/memory_probe.h"
 
 #include <algorithm>
@@ -10,7 +11,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <cuda_runtime_api.h>
+
+#include "ddo/engine/device.h"
 #endif
 
 namespace ddo::adapter {
@@ -57,28 +59,41 @@ struct DriverMemory {
   std::int64_t total = 0;
 };
 
-Status driver_memory(int device, DriverMemory* out) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  std::size_t free = 0;
-  std::size_t total = 0;
-  const cudaError_t err = cudaMemGetInfo(&free, &total);
-  if (err != cudaSuccess) {
-    return Status(Code::kUnavailable, internal::str_cat("cudaMemGetInfo on cuda:", device,
-                                                        " failed: ", cudaGetErrorString(err)));
+// The driver's figures for the card (no cap: the probe applies the emulated cap itself).
+Status driver_memory(engine::Device& device, DriverMemory* out) {
+  try {
+    const engine::DeviceMemory m = device.memory();
+    out->total = m.total_bytes;
+    out->free = m.total_bytes - m.used_bytes;
+  } catch (const Error& e) {
+    return Status(Code::kUnavailable,
+                  internal::str_cat("reading the CUDA device's memory failed: ", e.what()));
   }
-  out->free = static_cast<std::int64_t>(free);
-  out->total = static_cast<std::int64_t>(total);
   return Status();
+}
+
+// The driver view of the card `device`, through a device of the seam opened for the query.
+Status open_driver(int device, std::unique_ptr<engine::Device>* out) {
+  engine::CudaDeviceOptions options;
+  options.index = device;
+  return engine::make_cuda_device(options, out);
+}
+
+Status driver_memory(int device, DriverMemory* out) {
+  std::unique_ptr<engine::Device> driver;
+  DDO_RETURN_IF_ERROR(open_driver(device, &driver));
+  return driver_memory(*driver, out);
 }
 
 class CudaMemoryProbe final : public MemoryProbe {
  public:
-  explicit CudaMemoryProbe(int device) : device_(device) {}
+  CudaMemoryProbe(int device, std::unique_ptr<engine::Device> driver)
+      : device_(device), driver_(std::move(driver)) {}
   ~CudaMemoryProbe() override { abandon_sampling(); }
 
   MemorySnapshot snapshot() override {
     DriverMemory driver;
-    throw_if_error(driver_memory(device_, &driver));
+    throw_if_error(driver_memory(*driver_, &driver));
     const auto stats =
         c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_));
     MemorySnapshot s;
@@ -93,7 +108,7 @@ class CudaMemoryProbe final : public MemoryProbe {
 
   std::int64_t driver_used_bytes() override {
     DriverMemory driver;
-    if (!driver_memory(device_, &driver).ok()) return 0;  // a sample lost, not a failed region
+    if (!driver_memory(*driver_, &driver).ok()) return 0;  // a sample lost, not a failed region
     return driver.total - driver.free;
   }
 
@@ -112,6 +127,7 @@ class CudaMemoryProbe final : public MemoryProbe {
 
  private:
   int device_;
+  std::unique_ptr<engine::Device> driver_;  // queried only, never allocates
 };
 
 }  // namespace
@@ -122,7 +138,9 @@ bool cuda_memory_probe_available() {
 
 Status make_cuda_memory_probe(int device, std::unique_ptr<MemoryProbe>* out) {
   DDO_RETURN_IF_ERROR(check_device(device));
-  *out = std::make_unique<CudaMemoryProbe>(device);
+  std::unique_ptr<engine::Device> driver;
+  DDO_RETURN_IF_ERROR(open_driver(device, &driver));
+  *out = std::make_unique<CudaMemoryProbe>(device, std::move(driver));
   return Status();
 }
 

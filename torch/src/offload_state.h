@@ -38,7 +38,7 @@ struct ReplacedTensor {
   bool kept_on_device = false;  // found on the device, left there by remove(keep_residents)
 };
 
-// Setup figures (spec §9).
+// Setup figures: the report's "setup" section (Offload::report).
 struct SetupFigures {
   double resolve_seconds = 0.0;
   double plan_seconds = 0.0;
@@ -68,6 +68,9 @@ struct SetupFigures {
   std::string load_path;             // the checkpoint; "" when the model brought its weights
   std::int64_t disk_bytes = 0;       // streamed bytes left in the files (the disk tier)
   std::int64_t disk_ring_bytes = 0;  // the scheduler's pinned ring for them
+  // Residents and move-once tensors the loader read through pinned bounce buffers
+  // (Note [Host uploads] in engine/src/host_upload.cpp).
+  std::int64_t bounced_bytes = 0;
 };
 
 struct OffloadState {
