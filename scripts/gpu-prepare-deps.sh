@@ -55,4 +55,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$WHL" diffusers==0.42.1 importlib_metadata==10.2.0 lazy-importer==0.1.0 accelerate==1.15.0 \
   psutil==7.2.2 pyyaml==6.0.4 sdnq==0.2.8
+# The build backend of `pip install .` (scikit-build-core and what it imports), for the check that
+# the package installs and runs there without gpu.sh's build (gpu.sh pipcheck).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  -d "$WHL" scikit_build_core==1.1.2 pathspec==1.1.1 packaging==26.4
 echo "gpu-prepare-deps: .whl holds $(du -sh "$WHL" | cut -f1) of wheels" >&2

@@ -270,8 +270,49 @@ load() {
   return $rc
 }
 
+# `pip install .` as a user runs it (issue 13): scikit-build-core drives the project's CMake with no
+# help from this script (its own build folder, build-python/), into a fresh target folder; then the
+# installed package, not the build tree, imports and runs the Python tests (the CUDA ones too).
+pipcheck() {
+  install_wheels scikit_build_core
+  local target=/tmp/ddo-pip
+  rm -rf "$target"
+  echo "== pip install --no-build-isolation --no-deps --target $target ." >>"$LOG"
+  local t0=$(date +%s)
+  # This machine lacks some build dependencies (apt would install them for a user): CMake finds
+  # the carried copies through the environment variables it reads itself, nothing of build().
+  local -a env_deps=()
+  if [ -n "$missing" ]; then
+    env_deps+=("CMAKE_PREFIX_PATH=${PREFIX//;/:}")
+    case "$missing" in *OpenSSL*)
+      env_deps+=("OPENSSL_ROOT_DIR=$DEPS_ROOT" "CXXFLAGS=-isystem $DEPS_ROOT/include/x86_64-linux-gnu") ;;
+    esac
+  fi
+  (cd "$ROOT" && env "${env_deps[@]}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" PYTHONPATH="$SITE" \
+    timeout "${DDO_PIP_TIMEOUT:-300}" "$PY" -m pip install --no-build-isolation --no-deps --no-index \
+    --target "$target" .) >>"$LOG" 2>&1
+  local rc=$?
+  say "pip install . rc=$rc in $(($(date +%s) - t0)) s"
+  [ $rc -eq 0 ] || { tail -30 "$LOG"; return 1; }
+  # From outside the tree, with only the installed package and the wheels' site on the path.
+  (cd /tmp && PYTHONPATH="$target:$SITE" "$PY" -c \
+    'import ddo, torch; print("installed ddo at", ddo.__file__, "cuda", torch.cuda.is_available())') \
+    2>&1 | tee -a "$SUMMARY" >>"$LOG"
+  echo "== pytest on the installed package" >>"$LOG"
+  (cd "$ROOT" && PYTHONPATH="$target:$SITE" timeout "${DDO_PYTEST_TIMEOUT:-150}" "$PY" -m pytest -q -rs \
+    -p no:cacheprovider ${DDO_PIP_PYTEST_ARGS:-python/tests}) >"$OUT/.pip-pytest.txt" 2>&1
+  rc=$?
+  cat "$OUT/.pip-pytest.txt" >>"$LOG"
+  grep -m1 "^ddo package:" "$OUT/.pip-pytest.txt" | tee -a "$SUMMARY"
+  say "pytest (installed package) rc=$rc: $(grep -E '[0-9]+ (passed|failed)' "$OUT/.pip-pytest.txt" | tail -1)"
+  rm -f "$OUT/.pip-pytest.txt"
+  return $rc
+}
+
 case "$MODE" in
   build) build ;;
+  pipcheck) pipcheck ;;
+  testpip) build && { run_tests; pipcheck; } ;;
   load) build && load ;;
   testload) build && { DDO_GPU_TESTS_ONLY=1 run_tests; load; } ;;
   test) build && run_tests ;;
