@@ -66,9 +66,7 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::size_t align_up(std::size_t v, std::size_t a) {
-  return (v + a - 1) / a * a;
-}
+using core::align_up;  // one rounding rule (ddo/core/units.h)
 
 // Bytes from the tensor's first element to one past its last (non-negative strides).
 std::size_t span_bytes(const at::Tensor& t) {
