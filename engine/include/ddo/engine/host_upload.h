@@ -56,6 +56,7 @@ class BounceBuffers {
   BounceBuffers(const BounceBuffers&) = delete;
   BounceBuffers& operator=(const BounceBuffers&) = delete;
 
+  /// The capacity of each buffer: the most one acquire() lets the host fill.
   std::size_t buffer_bytes() const { return buffer_bytes_; }
 
   /// The next buffer in turn, once the copies issued out of it last time have landed.
