@@ -184,7 +184,9 @@ run_tests() {
     local prc=$?
     say "pytest rc=$prc: $(grep -E '[0-9]+ (passed|failed)' "$LOG" | tail -1)"
     [ $prc -ge 128 ] && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" crash >>"$LOG" 2>&1
+    [ $prc -eq 0 ] || rc=$prc
   fi
+  return $rc
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...
