@@ -54,17 +54,10 @@ Status check_device(int device) {
   return Status();
 }
 
-struct DriverMemory {
-  std::int64_t free = 0;
-  std::int64_t total = 0;
-};
-
 // The driver's figures for the card (no cap: the probe applies the emulated cap itself).
-Status driver_memory(engine::Device& device, DriverMemory* out) {
+Status driver_memory(engine::Device& device, engine::DeviceMemory* out) {
   try {
-    const engine::DeviceMemory m = device.memory();
-    out->total = m.total_bytes;
-    out->free = m.total_bytes - m.used_bytes;
+    *out = device.memory();
   } catch (const Error& e) {
     return Status(Code::kUnavailable,
                   internal::str_cat("reading the CUDA device's memory failed: ", e.what()));
@@ -79,7 +72,7 @@ Status open_driver(int device, std::unique_ptr<engine::Device>* out) {
   return engine::make_cuda_device(options, out);
 }
 
-Status driver_memory(int device, DriverMemory* out) {
+Status driver_memory(int device, engine::DeviceMemory* out) {
   std::unique_ptr<engine::Device> driver;
   DDO_RETURN_IF_ERROR(open_driver(device, &driver));
   return driver_memory(*driver, out);
@@ -92,14 +85,14 @@ class CudaMemoryProbe final : public MemoryProbe {
   ~CudaMemoryProbe() override { abandon_sampling(); }
 
   MemorySnapshot snapshot() override {
-    DriverMemory driver;
+    engine::DeviceMemory driver;
     throw_if_error(driver_memory(*driver_, &driver));
     const auto stats =
         c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_));
     MemorySnapshot s;
     const std::int64_t cap = vram_cap_bytes(device_);
-    s.total_bytes = cap > 0 ? cap : driver.total;
-    s.driver_used_bytes = driver.total - driver.free;
+    s.total_bytes = cap > 0 ? cap : driver.total_bytes;
+    s.driver_used_bytes = driver.used_bytes;
     s.allocator_allocated_bytes = stats.allocated_bytes[kAggregate].current;
     s.allocator_reserved_bytes = stats.reserved_bytes[kAggregate].current;
     s.allocator_peak_reserved_bytes = stats.reserved_bytes[kAggregate].peak;
@@ -107,9 +100,9 @@ class CudaMemoryProbe final : public MemoryProbe {
   }
 
   std::int64_t driver_used_bytes() override {
-    DriverMemory driver;
+    engine::DeviceMemory driver;
     if (!driver_memory(*driver_, &driver).ok()) return 0;  // a sample lost, not a failed region
-    return driver.total - driver.free;
+    return driver.used_bytes;
   }
 
   // Region boundaries only: every stream of the device, not just the current one, because ddo's
@@ -173,17 +166,17 @@ Status apply_vram_cap(int device, std::int64_t cap_bytes) {
     g_caps[device].store(0);
     return Status();
   }
-  DriverMemory driver;
+  engine::DeviceMemory driver;
   DDO_RETURN_IF_ERROR(driver_memory(device, &driver));
-  if (cap_bytes > driver.total) {
+  if (cap_bytes > driver.total_bytes) {
     return Status(
         Code::kInvalidArgument,
         internal::str_cat("VRAM cap of ", cap_bytes, " bytes exceeds cuda:", device, "'s ",
-                          driver.total, " bytes; use a smaller cap or 0 for none"));
+                          driver.total_bytes, " bytes; use a smaller cap or 0 for none"));
   }
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-  const std::int64_t non_allocator = std::max<std::int64_t>(
-      0, (driver.total - driver.free) - stats.reserved_bytes[kAggregate].current);
+  const std::int64_t non_allocator =
+      std::max<std::int64_t>(0, driver.used_bytes - stats.reserved_bytes[kAggregate].current);
   if (cap_bytes <= non_allocator) {
     return Status(Code::kInvalidArgument,
                   internal::str_cat("VRAM cap of ", cap_bytes, " bytes on cuda:", device,
@@ -191,7 +184,7 @@ Status apply_vram_cap(int device, std::int64_t cap_bytes) {
                                     " bytes are already used outside LibTorch's allocator"));
   }
   const double fraction =
-      static_cast<double>(cap_bytes - non_allocator) / static_cast<double>(driver.total);
+      static_cast<double>(cap_bytes - non_allocator) / static_cast<double>(driver.total_bytes);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
   g_caps[device].store(cap_bytes);
   return Status();
