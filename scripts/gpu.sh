@@ -176,7 +176,9 @@ run_tests() {
   grep -E "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$tlog" | head -20 | tee -a "$SUMMARY"
   echo "GPU tests: $(grep -cE 'Test +#[0-9]+: .*Passed' "$tlog") passed; skipped for lack of a GPU: $(grep -c 'no CUDA GPU' "$tlog")" | tee -a "$SUMMARY"
   rm -f "$tlog"
-  if [ ${#PYBUILD[@]} -gt 0 ]; then
+  # DDO_SKIP_PYTEST=1: the Python tests run elsewhere in this call (testpip: on the installed
+  # package).
+  if [ ${#PYBUILD[@]} -gt 0 ] && [ "${DDO_SKIP_PYTEST:-0}" != 1 ]; then
     install_wheels
     echo "== pytest" >>"$LOG"
     (cd "$ROOT" && timeout "${DDO_PYTEST_TIMEOUT:-120}" "$PY" -m pytest -q -p no:cacheprovider \
@@ -276,6 +278,9 @@ load() {
 # help from this script (its own build folder, build-python/), into a fresh target folder; then the
 # installed package, not the build tree, imports and runs the Python tests (the CUDA ones too).
 pipcheck() {
+  # Every carried wheel (the tests' diffusers and sdnq too), then scikit-build-core where the image
+  # has none (a site made before it travelled).
+  install_wheels
   install_wheels scikit_build_core
   local target=/tmp/ddo-pip
   rm -rf "$target"
@@ -301,7 +306,9 @@ pipcheck() {
     'import ddo, torch; print("installed ddo at", ddo.__file__, "cuda", torch.cuda.is_available())') \
     2>&1 | tee -a "$SUMMARY" >>"$LOG"
   echo "== pytest on the installed package" >>"$LOG"
-  (cd "$ROOT" && PYTHONPATH="$target:$SITE" timeout "${DDO_PYTEST_TIMEOUT:-150}" "$PY" -m pytest -q -rs \
+  # -P: the working folder (the repository root) is not put on the path, so neither its sdnq/
+  # sources nor anything else there stand in for an installed package.
+  (cd "$ROOT" && PYTHONPATH="$target:$SITE" timeout "${DDO_PYTEST_TIMEOUT:-150}" "$PY" -P -m pytest -q -rs \
     -p no:cacheprovider ${DDO_PIP_PYTEST_ARGS:-python/tests}) >"$OUT/.pip-pytest.txt" 2>&1
   rc=$?
   cat "$OUT/.pip-pytest.txt" >>"$LOG"
@@ -314,7 +321,8 @@ pipcheck() {
 case "$MODE" in
   build) build ;;
   pipcheck) pipcheck ;;
-  testpip) build && { run_tests; pipcheck; } ;;
+  # ctest on the build tree, pytest once, on the pip-installed package (the same tests).
+  testpip) build && { DDO_SKIP_PYTEST=1 run_tests; r1=$?; pipcheck; r2=$?; [ $r1 -eq 0 ] && [ $r2 -eq 0 ]; } ;;
   load) build && load ;;
   testload) build && { DDO_GPU_TESTS_ONLY=1 run_tests; load; } ;;
   test) build && run_tests ;;

@@ -78,7 +78,7 @@ TEST(PlannerReport, EveryEnumInThePlanJsonParsesBack) {
           config.pin_cpu_memory = true;
           PlanContext ctx;
           ctx.total_vram_bytes = 8 * kGB;
-          ctx.candidate_compute_ms = {{"transformer_blocks.0", 1.0}};  // incomplete: by index
+          ctx.candidate_compute_ms = {{"transformer_blocks.0", 1.0}};  // incomplete: the estimate
           const ModelInventory& inv = mode.value == ExecutionMode::kSdnqRuntime ? quantized : dense;
           const nlohmann::json j = make_plan(inv, config, ctx).to_json();
           ExecutionMode parsed_mode{};

@@ -80,18 +80,79 @@ TEST(PlannerSelection, MeasuredComputePlacesResidentsInAPlan) {
   EXPECT_EQ(decision(plan, "balanced_order").inputs["used"], true);
   const std::size_t doubles = resident_blocks(plan, "transformer_blocks").size();
   const std::size_t singles = resident_blocks(plan, "single_transformer_blocks").size();
-  Plan even = make_plan(flux_inventory(), config, {});
-  EXPECT_GT(doubles, resident_blocks(even, "transformer_blocks").size());
+  EXPECT_EQ(decision(plan, "balanced_order").inputs["source"], "measured");
+  // Without a profile: the estimate (the same work per candidate, Note [Estimated compute]).
+  Plan estimated = make_plan(flux_inventory(), config, {});
+  EXPECT_EQ(decision(estimated, "balanced_order").inputs["source"], "estimate");
+  EXPECT_GE(doubles, resident_blocks(estimated, "transformer_blocks").size());
   EXPECT_GT(doubles + singles, 0u);
+  // Measured figures that invert the estimate (a double block ten times a single block's work)
+  // stream the double blocks: the measurement, not the estimate, places the residents.
+  PlanContext inverted_ctx;
+  for (int i = 0; i < 19; ++i)
+    inverted_ctx.candidate_compute_ms["transformer_blocks." + std::to_string(i)] = 10.0;
+  for (int i = 0; i < 38; ++i)
+    inverted_ctx.candidate_compute_ms["single_transformer_blocks." + std::to_string(i)] = 1.0;
+  const Plan inverted = make_plan(flux_inventory(), config, inverted_ctx);
+  EXPECT_LT(resident_blocks(inverted, "transformer_blocks").size(),
+            resident_blocks(estimated, "transformer_blocks").size());
+  EXPECT_GT(resident_blocks(inverted, "single_transformer_blocks").size(),
+            resident_blocks(estimated, "single_transformer_blocks").size());
   EXPECT_LE(plan.resident_used_bytes, 8 * double_block_bytes(128));
-  // A candidate without a figure: spread by index, and the decision says which one.
+  // A candidate without a figure: the estimate, and the decision says which one was missing.
   ctx.candidate_compute_ms.erase("single_transformer_blocks.7");
   plan = make_plan(flux_inventory(), config, ctx);
-  EXPECT_EQ(decision(plan, "balanced_order").inputs["used"], false);
+  EXPECT_EQ(decision(plan, "balanced_order").inputs["source"], "estimate");
+  EXPECT_EQ(decision(plan, "balanced_order").inputs["missing"], "single_transformer_blocks.7");
   EXPECT_NE(decision(plan, "balanced_order").detail.find("single_transformer_blocks.7"),
             std::string::npos);
   EXPECT_EQ(resident_blocks(plan, "transformer_blocks"),
-            resident_blocks(even, "transformer_blocks"));
+            resident_blocks(estimated, "transformer_blocks"));
+}
+
+TEST(PlannerSelection, FirstRunEstimateKeepsLargeBlocksWithLittleWorkPerByteResident) {
+  // FLUX's shape (Note [Estimated compute]): double blocks are 3.6x the streamable bytes of a
+  // single block (whose proj_out is always resident) for about the same work. Index-even
+  // spreading over both lists keeps candidates by count, about every other one, so half the
+  // double blocks stream; the estimate streams the small single blocks first and keeps most
+  // double blocks, and streams about as many bytes as the budget leaves.
+  DynamicOffloadConfig config = linear_config();
+  config.resident_module_patterns = {"auto_all"};
+  config.resident_module_selection = Selection::kSpread;
+  const std::int64_t budget = 12 * double_block_bytes(128);
+  config.resident_module_budget_gb = bytes_to_gib(budget);
+  const Plan plan = make_plan(flux_inventory(), config, {});
+  const Decision& order = decision(plan, "balanced_order");
+  EXPECT_EQ(order.inputs["source"], "estimate");
+  EXPECT_NE(order.detail.find("no profile"), std::string::npos) << order.detail;
+  const std::size_t doubles = resident_blocks(plan, "transformer_blocks").size();
+  const std::size_t singles = resident_blocks(plan, "single_transformer_blocks").size();
+
+  // The same candidates in index-even order (Note [Spread order]), through the public helpers.
+  std::vector<std::int64_t> costs;
+  const Decision& selection = decision(plan, "resident_selection");
+  const std::int64_t candidate_bytes = selection.inputs["candidate_bytes"].get<std::int64_t>();
+  ASSERT_EQ(selection.inputs["candidates"], 57);
+  const std::int64_t single_cost = (candidate_bytes - 19 * double_block_bytes(128)) / 38;
+  costs.assign(19, double_block_bytes(128));
+  costs.insert(costs.end(), 38, single_cost);
+  const std::vector<std::size_t> even =
+      greedy_fill(selection_order(costs, Selection::kSpread, budget), costs, budget);
+  const auto even_doubles = static_cast<std::size_t>(
+      std::count_if(even.begin(), even.end(), [](std::size_t i) { return i < 19; }));
+  EXPECT_GT(doubles, even_doubles);
+  EXPECT_LT(singles, even.size() - even_doubles);
+  // The streamed double blocks are spread through the list, not bunched at its end.
+  std::vector<std::string> streamed;
+  const std::vector<std::string> kept = resident_blocks(plan, "transformer_blocks");
+  for (int i = 0; i < 19; ++i) {
+    const std::string name = "transformer_blocks." + std::to_string(i);
+    if (std::find(kept.begin(), kept.end(), name) == kept.end()) streamed.push_back(name);
+  }
+  ASSERT_GE(streamed.size(), 2u);
+  EXPECT_NE(streamed.front(), "transformer_blocks.17");
+  EXPECT_LE(plan.resident_used_bytes, budget);
+  EXPECT_GT(plan.resident_used_bytes, budget - double_block_bytes(128));
 }
 
 TEST(PlannerSelection, GreedyFillSkipsWhatDoesNotFitAndKeepsGoing) {

@@ -28,6 +28,25 @@ class TinyNet(nn.Module):
         return self.conv(h.unsqueeze(1))
 
 
+def import_sdnq_oracle():
+    """The ``sdnq`` package (0.2.8, python/requirements-test.txt), the oracle of the SDNQ tests, or
+    a skip saying why. A ``sdnq`` without the package's entry point is the repository's own
+    ``sdnq/`` source folder, imported as a namespace package because the package is missing from
+    the path (pytest run as ``python -m pytest`` from the root puts the root first)."""
+    import pytest
+
+    sdnq = pytest.importorskip(
+        "sdnq", reason="the sdnq package (pip install sdnq==0.2.8, python/requirements-test.txt) "
+        "is the oracle of these tests"
+    )
+    if not hasattr(sdnq, "sdnq_post_load_quant"):
+        pytest.skip(
+            f"'import sdnq' found {list(getattr(sdnq, '__path__', []))}, not the sdnq package: "
+            "install sdnq==0.2.8 (python/requirements-test.txt)", allow_module_level=True
+        )
+    return sdnq
+
+
 def tiny_inputs(batch=2, seq=8, vocab=64):
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, vocab, (batch, seq), generator=g)

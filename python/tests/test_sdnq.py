@@ -13,10 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-sdnq = pytest.importorskip(
-    "sdnq", reason="the sdnq package (pip install sdnq==0.2.8, python/requirements-test.txt) "
-    "is the oracle of these tests"
-)
+from helpers import import_sdnq_oracle  # noqa: E402
+
+sdnq = import_sdnq_oracle()
 
 import ddo  # noqa: E402  (loads libddo_sdnq: the torch.ops.ddo.sdnq_* ops)
 from ddo import _C  # noqa: E402

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import ddo
+from helpers import import_sdnq_oracle
 
 os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
-sdnq = pytest.importorskip("sdnq", reason="the sdnq package (test oracle) is not installed")
+sdnq = import_sdnq_oracle()
 
 STREAM = dict(
     execution_device="sim",

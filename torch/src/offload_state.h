@@ -133,7 +133,7 @@ std::string normalize_device_name(const std::string& device);
 
 double gib(std::int64_t bytes);
 
-// Calibration's compute measurement (Note [Balanced order] in core/src/planner.cpp): a mark on
+// Calibration's compute measurement (Note [Balanced order] in core/src/planner_residency.cpp): a mark on
 // the compute stream where the region starts, and, after the region's final synchronization,
 // the GPU ms each residency candidate took in the last step (from the scheduler's timeline:
 // the compute stream's time from one unit's acquire to the next, all candidates streamed).

@@ -69,7 +69,8 @@ struct PlanContext {
   bool all_block_lists = false;
   /// Measured GPU ms per step of residency candidates, by module name (a profile's
   /// candidate_compute_ms). With `spread` selection and a figure for every candidate, residents
-  /// are placed by Note [Balanced order] instead of evenly by index.
+  /// are placed by Note [Balanced order] on these figures; otherwise on an estimate, the same
+  /// work for every candidate (Note [Estimated compute] in planner_residency.cpp).
   std::map<std::string, double> candidate_compute_ms;
   /// The streamed weights can be read again from a checkpoint every step (the adapter sets it when
   /// the loader supplies the weights). Only then may units stream from disk, and only then does
