@@ -199,8 +199,10 @@ def test_forward_both_ways(case, dtype):
 def test_int8_matmul_layout_against_the_package_forward(shape, dtype):
     # On the GPU with Triton the package's forward on this layout quantizes the activations and
     # multiplies int8 by int8, which differs from ddo's dequantize path by rounding. On the CPU
-    # (no Triton; these tests) its forward measured bit-equal to ddo's: max |diff| = 0 on these
-    # layers in bf16 and f32, so equality is asserted.
+    # (no Triton; these tests) it dequantizes too, and the two matmuls differ only in the layout
+    # of the weight they are handed: bf16 measured bit-equal everywhere; f32 bit-equal on one CPU
+    # and 4.8e-7 apart (relative to the largest output) on another, whose GEMM sums in another
+    # order. So bf16 asserts equality and f32 a bound on summation-order rounding.
     case = Case("int8", shape, transposed=True)
     layer = package_layer(case, dtype)
     assert layer.sdnq_dequantizer.use_quantized_matmul and layer.weight.shape == shape[::-1]
@@ -212,7 +214,13 @@ def test_int8_matmul_layout_against_the_package_forward(shape, dtype):
         got = torch.ops.ddo.sdnq_linear(x, layer.weight, layer.scale, None, None, None, layer.bias,
                                         code)
     rel = float((got.float() - want.float()).abs().max() / want.float().abs().max())
-    assert torch.equal(got, want), f"int8-matmul forward differs from ddo's by {rel:.2e} (relative)"
+    if dtype == torch.float32:
+        assert rel <= 4 * torch.finfo(torch.float32).eps * shape[1] ** 0.5, (
+            f"int8-matmul forward differs from ddo's by {rel:.2e} (relative), more than "
+            "summation-order rounding")
+    else:
+        assert torch.equal(got, want), (
+            f"int8-matmul forward differs from ddo's by {rel:.2e} (relative)")
 
 
 def test_quantize_linear_gives_a_layer_ddo_recognises():
