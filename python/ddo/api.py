@@ -403,6 +403,31 @@ def _resolve_route(
     return route
 
 
+def _native_settings(
+    preset: Optional[str],
+    settings: Optional[DynamicOffloadSettings],
+    config: Any,
+    execution_device: Optional[str],
+    env: Optional[Mapping[str, str]] = None,
+    wsl: Optional[bool] = None,
+) -> dict[str, Any]:
+    """The settings arguments of ``_C.enable_offload_tree`` (and of the deferred loader, which
+    pins for the device the later attach will use): preset=None means "DDO_PRESET, else auto",
+    resolved through the settings loader; so is a replaced environment or a stated platform fact
+    (the library's environ= / running_on_wsl=)."""
+    if settings is None and (
+        (config is None and preset is None) or env is not None or wsl is not None
+    ):
+        settings = DynamicOffloadSettings.from_env(preset, config, env=env, wsl=wsl)
+        config = None
+    return dict(
+        preset=preset if preset is not None else "auto",
+        settings=settings._native if settings is not None else None,
+        config=_config_fields(config),
+        execution_device=execution_device or "",
+    )
+
+
 def _enable(
     model: nn.Module,
     *,
@@ -451,14 +476,6 @@ def _enable(
 
     model_class = model_class_name(model)
     entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
-    overrides = dict(overrides)
-    # preset=None means "DDO_PRESET, else auto": resolve through the settings loader. So does
-    # a replaced environment or a stated platform fact (the library's environ= / running_on_wsl=).
-    if settings is None and (
-        (config is None and preset is None) or env is not None or wsl is not None
-    ):
-        settings = DynamicOffloadSettings.from_env(preset, config, env=env, wsl=wsl)
-        config = None
     # Kept modules stay where they are whatever the settings say: C++ appends these after it
     # resolves skip_modules_pattern (OffloadOptions::extra_skip_patterns).
     extra_skip = [_anchored(k["module"]) for k in kept if not k.get("placed")]
@@ -466,13 +483,10 @@ def _enable(
     progress = SetupProgress(label or model_class, record_event)
     progress.start()
     native_args = dict(
-        preset=preset if preset is not None else "auto",
+        _native_settings(preset, settings, config, execution_device, env, wsl),
         profile_name=profile_name or "",
         build_profile=build_profile,
-        settings=settings._native if settings is not None else None,
-        config=_config_fields(config),
-        overrides=overrides or None,
-        execution_device=execution_device or "",
+        overrides=dict(overrides) or None,
         record_event=progress,
         device=device,
     )

@@ -32,7 +32,14 @@ from torch import nn
 
 from . import _C
 from ._progress import SetupProgress
-from .api import OffloadResult, ProfileRunContext, RecordEvent, _enable, _gather
+from .api import (
+    OffloadResult,
+    ProfileRunContext,
+    RecordEvent,
+    _enable,
+    _gather,
+    _native_settings,
+)
 from .config import DynamicOffloadConfig
 from .profiles import model_class_name
 
@@ -120,6 +127,9 @@ class LoadedModel:
     def __init__(self, module: nn.Module, offload: Optional[OffloadResult]) -> None:
         self.module = module
         self.offload = offload
+        # Deferred loads (apply_dynamic=False): where the weights went, {"device", "pinned",
+        # "pinned_bytes", "pageable_bytes", "reason"?, ...} (Note [Loader pins]).
+        self.load_report: dict[str, Any] = {}
 
     def profile_run(self) -> ProfileRunContext:
         if self.offload is None:
@@ -253,17 +263,28 @@ def from_pretrained_with_dynamic_offload(
     }
     if apply_dynamic:
         return LoadedModel(module, attach(module, load))
+    # Deferred: the weights go into pinned memory for the execution device these settings name,
+    # and the later enable_offload streams them from there (Note [Loader pins]).
     model_class = model_class_name(module)
     entries, _, _ = _gather(module)
     progress = SetupProgress(model_class, record_event)
     progress.start()
     try:
-        _C.load_weights(model_class, entries, load, record_event=progress)
+        pins = _C.load_weights_for_offload(
+            model_class, entries, load,
+            record_event=progress,
+            **_native_settings(
+                preset if dynamic_offload_config is None else None, None,
+                dynamic_offload_config, execution_device,
+            ),
+        )
     except BaseException:
         progress.close(failed=True)
         raise
     progress.close()
-    return LoadedModel(module, None)
+    loaded = LoadedModel(module, None)
+    loaded.load_report = pins
+    return loaded
 
 
 def _load_with_library(

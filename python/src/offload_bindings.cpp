@@ -342,6 +342,38 @@ void bind_offload(py::module_& m) {
       "Reads every tensor the files hold into the module's CPU tensors (placeholders get "
       "fresh ones).");
 
+  m.def(
+      "load_weights_for_offload",
+      [](const std::string& model_class, const py::list& entries, py::dict load,
+         std::optional<std::string> preset, const core::DynamicOffloadSettings* settings,
+         py::object config, const std::string& execution_device, py::object record_event) {
+        OffloadArgs args;
+        args.model_class = model_class;
+        args.preset = preset;
+        args.settings = settings;
+        args.config = std::move(config);
+        args.execution_device = execution_device;
+        args.overrides = py::none();
+        args.env = py::none();
+        const adapter::OffloadOptions options = offload_options(args);
+        adapter::ModuleTree tree = tree_from(model_class, entries);
+        const adapter::LoadOptions load_opts = load_options(load);
+        auto events = std::make_shared<SetupEvents>();
+        events->host_callback = std::move(record_event);
+        const adapter::RecordEvent callback = SetupEvents::callback(events);
+        nlohmann::json report;
+        {
+          py::gil_scoped_release release;
+          report = adapter::load_weights_for_offload(tree, load_opts, options, callback);
+        }
+        return from_json(report);
+      },
+      py::arg("model_class"), py::arg("entries"), py::arg("load"), py::arg("preset") = py::none(),
+      py::arg("settings") = nullptr, py::arg("config") = py::none(),
+      py::arg("execution_device") = "", py::arg("record_event") = py::none(),
+      "The deferred load: every tensor the files hold into pinned host memory for the execution "
+      "device the settings name (Note [Loader pins]); returns what was pinned.");
+
   m.def("is_managed", &adapter::is_managed, py::arg("tensor"),
         "True when the tensor is a streamed weight of an active offload.");
   m.def("interception_active", &adapter::interception_active);

@@ -102,6 +102,70 @@ DEVICES = ["sim", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA GPU: the CUDA case of the resident upload"))]
 
 
+def data_ptrs(module):
+    return {name: p.data_ptr() for name, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@torch.no_grad()
+def test_deferred_load_pins_and_the_attach_streams_from_the_pins(flux_dirs, device):
+    # Note [Loader pins]: apply_dynamic=False reads into pinned slabs for the device the settings
+    # name; enable_offload streams those weights where they lie (no new slab, no copy), and
+    # remove() gives the loader's tensors back, so a second attach adopts them again.
+    library = diffusers.FluxTransformer2DModel.from_pretrained(flux_dirs / "sharded").eval()
+    inputs = flux_inputs()
+    expected = library(**inputs).sample
+    config = dict(STREAM, execution_device=device, pin_cpu_memory=True)
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        flux_dirs / "sharded", model_loader=diffusers.FluxTransformer2DModel,
+        dynamic_offload_config=config,
+    )
+    total = sum(t.numel() * t.element_size() for t in library.state_dict().values())
+    pins = loaded.load_report
+    assert pins["pinned"] is True, pins
+    assert pins["pinned_bytes"] >= total, (pins, total)
+    assert pins["device"] == device + ":0", pins
+    assert_same_state(loaded.module, library)
+    before = data_ptrs(loaded.module)
+    if device == "cuda":
+        assert all(p.is_pinned() for p in loaded.module.parameters())
+    for attach in range(2):
+        offload = ddo.enable_offload(loaded.module, config=config)
+        setup = offload.report()["setup"]
+        streamed = setup["bytes"]["streamed"]
+        assert streamed > 0
+        # Every streamed weight of this model is a one-tensor unit: all adopted, nothing pinned
+        # or copied anew.
+        assert setup["loader_pins"]["adopted_bytes"] == streamed, setup
+        assert setup["loader_pins"]["adopted_units"] == setup["stream_units"], setup
+        assert setup["pinned_bytes"] == 0 and setup["pageable_bytes"] == 0, setup
+        on = {k: v.to(device) for k, v in inputs.items()} if device == "cuda" else inputs
+        assert_same_output(loaded.module(**on).sample.cpu(), expected)
+        assert offload.report()["run"]["bytes_streamed"] >= streamed
+        offload.remove()
+        # The loader's tensors again: the same memory, the same values.
+        assert data_ptrs(loaded.module) == before, f"attach {attach}"
+        assert_same_state(loaded.module, library)
+
+
+def test_deferred_load_for_plan_mode_is_ordinary_memory(flux_dirs):
+    # Plan mode executes nothing: nothing to pin for, and the report says so.
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        flux_dirs / "single", model_loader=diffusers.FluxTransformer2DModel,
+        dynamic_offload_config=dict(STREAM, execution_mode="plan"),
+    )
+    assert loaded.load_report["pinned"] is False
+    assert "plan mode" in loaded.load_report["reason"], loaded.load_report
+    assert not any(ddo._C.is_placeholder(p) for p in loaded.module.parameters())
+    # Pinning turned off in the settings: the same, with that reason.
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        flux_dirs / "single", model_loader=diffusers.FluxTransformer2DModel,
+        dynamic_offload_config=dict(STREAM, pin_cpu_memory=False),
+    )
+    assert loaded.load_report["pinned"] is False
+    assert "pin_cpu_memory" in loaded.load_report["reason"], loaded.load_report
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @torch.no_grad()
 def test_residents_go_from_the_file_through_bounce_buffers(flux_dirs, device):

@@ -40,6 +40,7 @@
 #include "ddo/engine/host_upload.h"
 #include "ddo/torch/weight_cache.h"
 #include "intercept_common.h"
+#include "loader_pins.h"
 #include "offload_state.h"
 #include "weight_source.h"
 #include "registration.h"
@@ -231,7 +232,6 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
 }
 
 namespace internal {
-namespace {
 
 core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
                                               const core::EnvMap& env) {
@@ -259,6 +259,8 @@ core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
   throw_if_error(core::validate_config(c));
   return settings;
 }
+
+namespace {
 
 // Key of a tensor view for tied-weight detection: same storage, offset, shape, strides, dtype.
 using ViewKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
@@ -457,7 +459,10 @@ void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& repl
     }
     at::Tensor src = host_source(r.handle);
     const std::size_t n = span_bytes(src);
-    if (n > 0) {
+    if (n > 0 && is_pinned_loader_tensor(src)) {
+      // Already pinned by the loader (Note [Loader pins]): a plain copy, nothing to register.
+      throw_if_error(s.device->copy_to_device_async(dst, src.data_ptr(), n, stream));
+    } else if (n > 0) {
       throw_if_error(engine::copy_to_device_registered(
           *s.device, dst, static_cast<const char*>(src.data_ptr()), n, stream, &registered));
     }
@@ -566,6 +571,7 @@ std::vector<std::vector<int>> collect_replaced(OffloadState& s,
       r.action = action;
       r.name = slot_name(entry, entry.tensors[t]);
       r.from_file = from_file && !kept_on_device;
+      if (loader_pin_of(handle) != nullptr) r.loader_pin = handle.detach();  // keeps its slab
       auto [it, inserted] =
           first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
       if (!inserted) r.tied_to = it->second;
@@ -646,6 +652,10 @@ struct UnitLayout {
   // Read from the checkpoint every step (the planner's disk tier); only when every tensor of
   // the unit comes from the file.
   bool disk = false;
+  // Streamed from the loader's pinned slab where its one tensor lies (Note [Loader pins] in
+  // loader_pins.cpp): no slab of its own, no copy; `data` is that tensor's memory.
+  bool adopted = false;
+  char* data = nullptr;
   std::size_t module = 0;  // the module of its first tensor
 };
 
@@ -669,6 +679,14 @@ std::vector<UnitLayout> layout_stream_units(OffloadState& s,
       u.pinned = u.pinned || plan.modules[ref.module].tensors[ref.tensor].pin;
       patched[ref.module] = true;
     }
+    if (!u.disk && u.ids.size() == 1) {
+      ReplacedTensor& r = s.replaced[u.ids.front()];
+      const LoaderPin* pin = loader_pin_of(r.handle);
+      if (pin != nullptr && pin->streamable(r.handle, u.bytes)) {
+        u.adopted = true;
+        u.data = static_cast<char*>(r.handle.data_ptr());
+      }
+    }
     if (u.bytes > 0) units.push_back(std::move(u));
   }
   s.setup.modules_patched = static_cast<int>(std::count(patched.begin(), patched.end(), true));
@@ -683,27 +701,33 @@ char* make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
                       const std::vector<UnitLayout>& units, const std::vector<int>& streamed_ids) {
   const core::DynamicOffloadConfig& config = s.settings.config;
   std::size_t disk_bytes = 0;
+  bool any_adopted = false;
   for (const UnitLayout& u : units) {
     rt->unit_on_disk.push_back(u.disk);
     if (u.disk) disk_bytes = std::max(disk_bytes, u.bytes);
+    any_adopted = any_adopted || u.adopted;
   }
   char* disk_base = nullptr;
   if (disk_bytes > 0) rt->disk_backing = placeholder_span(disk_bytes, &disk_base);
   const bool any_disk = disk_base != nullptr;
   // The pinned-weight cache keeps slabs; disk-tier units have none, so it stays out of the way.
   if (config.cache_pinned_weights && any_disk) s.setup.weight_cache = "off: disk tier";
-  if (config.cache_pinned_weights && !any_disk) {
+  // Loader pins are the loader's: remove() gives them back, there is no slab to keep.
+  if (config.cache_pinned_weights && any_adopted && !any_disk) {
+    s.setup.weight_cache = "off: loader pins";
+  }
+  if (config.cache_pinned_weights && !any_disk && !any_adopted) {
     std::shared_ptr<CachedWeights> cached = take_matching_cache_entry(s, streamed_ids);
     s.setup.weight_cache = cached ? "hit" : "miss";
     if (cached) rt->slabs = cached->slabs;
   }
   if (!rt->slabs) {
     std::vector<engine::SlabTensor> slab_tensors;
-    // A disk-tier unit takes no slab bytes (its entry is empty; HostSlabs skips it).
+    // A disk-tier or adopted unit takes no slab bytes (its entry is empty; HostSlabs skips it).
     for (const UnitLayout& u : units)
       slab_tensors.push_back(
-          u.disk ? engine::SlabTensor{0, false}
-                 : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
+          u.disk || u.adopted ? engine::SlabTensor{0, false}
+                              : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
     engine::HostSlabOptions slab_options;
     slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
     // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
@@ -775,7 +799,9 @@ void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
                       const std::vector<UnitLayout>& units, char* disk_base, int pin_workers) {
   const core::DynamicOffloadConfig& config = s.settings.config;
   auto unit_data = [&](std::size_t ui) -> char* {
-    return units[ui].disk ? disk_base : static_cast<char*>(rt->slabs->tensor_ptr(ui));
+    if (units[ui].disk) return disk_base;
+    if (units[ui].adopted) return units[ui].data;
+    return static_cast<char*>(rt->slabs->tensor_ptr(ui));
   };
   // Fill and re-point in chunks (Note [Setup order]).
   std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
@@ -816,6 +842,13 @@ void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
       if (u.disk) {
         // Stays in the file; the scheduler reads it every step (no bytes now).
         s.setup.disk_bytes += h.numel() * h.element_size();
+        pending.emplace_back(ui, k);
+        continue;
+      }
+      if (u.adopted) {
+        // Stays in the loader's pinned slab (Note [Loader pins]): no copy.
+        s.setup.adopted_bytes += h.numel() * h.element_size();
+        ++s.setup.adopted_units;
         pending.emplace_back(ui, k);
         continue;
       }
@@ -874,6 +907,8 @@ void register_units(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
           u.bytes, [source = s.weights, unit_reads = std::move(unit_reads)](void* dst) {
             return source->read_unit(unit_reads, static_cast<char*>(dst));
           });
+    } else if (u.adopted) {
+      id = rt->scheduler->add(u.data, u.bytes, /*pinned=*/true);
     } else {
       id = rt->scheduler->add(rt->slabs->tensor_ptr(i), u.bytes, rt->slabs->tensor_pinned(i));
     }
@@ -999,6 +1034,9 @@ std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep
     if (on_disk) return nullptr;  // a disk-tier unit has no slab to keep
   }
   for (const ReplacedTensor& r : s.replaced) {
+    if (r.loader_pin.defined()) return nullptr;  // loader pins go back to the loader's tensors
+  }
+  for (const ReplacedTensor& r : s.replaced) {
     if (r.unit >= 0 && r.tied_to < 0 && !r.original_device.is_cpu()) return nullptr;
   }
   auto entry = std::make_shared<CachedWeights>();
@@ -1054,6 +1092,11 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
       // from the checkpoint once more, into an ordinary CPU tensor.
       restored[i] = weights->read_cpu(r.name, r.handle, record_event);
       if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
+    } else if (r.loader_pin.defined()) {
+      // The loader's own tensor again (Note [Loader pins]), with the current values (a unit
+      // streamed from it was read in place), so a later attach adopts it once more.
+      if (r.handle.data_ptr() != r.loader_pin.data_ptr()) r.loader_pin.copy_(r.handle.detach());
+      restored[i] = r.loader_pin;
     } else if (entry && r.unit >= 0) {
       // Stays in its slab region, now owned by the cache and this view together.
       char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
@@ -1438,6 +1481,9 @@ nlohmann::json Offload::report() const {
         // Residents and move-once tensors that went file -> pinned bounce buffer -> device.
         {"bounced_bytes", f.bounced_bytes}};
   }
+  // Streamed where the deferred loader pinned them (Note [Loader pins]): no slab, no copy.
+  r["setup"]["loader_pins"] = {{"adopted_bytes", f.adopted_bytes},
+                               {"adopted_units", f.adopted_units}};
   r["modules_patched"] = f.modules_patched;
   r["resident_modules"] = s.plan.resident_module_names();
   r["resident_bytes"] = f.resident_bytes;

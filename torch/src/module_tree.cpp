@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "ddo/sdnq/linear.h"
+#include "loader_pins.h"
 
 namespace ddo::adapter {
 namespace {
@@ -108,8 +109,11 @@ core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& exe
       ti.bytes = static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
       ti.is_parameter = slot.is_parameter;
       ti.on_device = cuda && t.device() == execution_device;
-      // Asking a CPU tensor whether it is pinned touches the CUDA hooks; only worth it on CUDA.
-      ti.already_pinned = cuda && t.device().is_cpu() && t.is_pinned();
+      // The deferred loader's pins are known by their storage (Note [Loader pins]), on any
+      // device; asking another CPU tensor whether it is pinned touches the CUDA hooks, only worth
+      // it on CUDA.
+      ti.already_pinned =
+          internal::is_pinned_loader_tensor(t) || (cuda && t.device().is_cpu() && t.is_pinned());
       if (entry.kind == core::ModuleKind::kSdnq) ti.sdnq_role = core::sdnq_role_for_name(slot.name);
       info.tensors.push_back(std::move(ti));
     }

@@ -36,6 +36,9 @@ struct ReplacedTensor {
   std::size_t unit_offset = 0;
   bool from_file = false;       // the loader reads it (loader.h); on a failed setup: a placeholder
   bool kept_on_device = false;  // found on the device, left there by remove(keep_residents)
+  // The deferred loader's tensor, when it was one (Note [Loader pins] in loader_pins.cpp): kept
+  // for remove(), which gives it back with the current values (a unit streamed from it, in place).
+  at::Tensor loader_pin;
 };
 
 // Setup figures: the report's "setup" section (Offload::report).
@@ -71,6 +74,9 @@ struct SetupFigures {
   // Residents and move-once tensors the loader read through pinned bounce buffers
   // (Note [Host uploads] in engine/src/host_upload.cpp).
   std::int64_t bounced_bytes = 0;
+  // Streamed bytes served from the loader's pinned slabs where they lie (Note [Loader pins]).
+  std::int64_t adopted_bytes = 0;
+  int adopted_units = 0;
 };
 
 struct OffloadState {
@@ -128,15 +134,21 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload);
 // Ends it; `normally` false aborts (nothing saved). Returns the report.
 nlohmann::json close_region(RegionState& region, bool normally);
 
+// The settings an attach with `options` runs under: preset, environment, config and overrides
+// resolved (DynamicOffloadSettings::from_env), then the options' own fields; validated.
+core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
+                                              const core::EnvMap& env);
+
 // "sim" -> "sim:0", "cuda" -> "cuda:0"; throws kInvalidArgument for anything else but "cpu".
 std::string normalize_device_name(const std::string& device);
 
 double gib(std::int64_t bytes);
 
-// Calibration's compute measurement (Note [Balanced order] in core/src/planner_residency.cpp): a mark on
-// the compute stream where the region starts, and, after the region's final synchronization,
-// the GPU ms each residency candidate took in the last step (from the scheduler's timeline:
-// the compute stream's time from one unit's acquire to the next, all candidates streamed).
+// Calibration's compute measurement (Note [Balanced order] in core/src/planner_residency.cpp): a
+// mark on the compute stream where the region starts, and, after the region's final
+// synchronization, the GPU ms each residency candidate took in the last step (from the scheduler's
+// timeline: the compute stream's time from one unit's acquire to the next, all candidates
+// streamed).
 /// Records the timeline's reference point and times every copy from now on (Timing::kFull).
 void mark_compute_stream(const OffloadState& s);
 /// true: every copy and wait is timed; false: the steady state's sample (Note [Copy timing]).

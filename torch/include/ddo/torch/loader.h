@@ -32,6 +32,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
 
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/module_tree.h"
@@ -88,6 +89,17 @@ void load_weights(const ModuleTree& tree, const LoadOptions& options,
                   const RecordEvent& events = {});
 /// The same for a LibTorch module.
 void load_weights(torch::nn::Module& model, const LoadOptions& options);
+
+/// The deferred flow with pins (Note [Loader pins] in loader_pins.cpp): reads every tensor the
+/// files hold into pinned host slabs for the execution device that `options` resolve to, as the
+/// later enable_offload(model, options) will, which then streams those weights from where they
+/// lie instead of copying them into new slabs. Plan mode, a disabled offload, "cpu" or pinning
+/// turned off load into ordinary CPU tensors, as load_weights. Returns what was done:
+/// {"device", "pinned", "pinned_bytes", "pageable_bytes", "pin_fallback_bytes", "reason"?, ...};
+/// `events` gets the load events and a final "load_pins" event with the same figures.
+nlohmann::json load_weights_for_offload(const ModuleTree& tree, const LoadOptions& load,
+                                        const OffloadOptions& options,
+                                        const RecordEvent& events = {});
 
 /// Loads and offloads in one pass: plans as enable_offload() does, then reads each tensor
 /// straight into its place. On any error the module's weights are placeholders again.
