@@ -326,23 +326,6 @@ void bind_offload(py::module_& m) {
       "A CPU tensor of like's shape and dtype that takes no memory (Note [Placeholders]).");
   m.def("is_placeholder", &adapter::is_placeholder, py::arg("tensor"));
   m.def(
-      "load_weights",
-      [](const std::string& model_class, const py::list& entries, py::dict load,
-         py::object record_event) {
-        adapter::ModuleTree tree = tree_from(model_class, entries);
-        const adapter::LoadOptions options = load_options(load);
-        auto events = std::make_shared<SetupEvents>();
-        events->host_callback = std::move(record_event);
-        const adapter::RecordEvent callback = SetupEvents::callback(events);
-        py::gil_scoped_release release;
-        adapter::load_weights(tree, options, callback);
-      },
-      py::arg("model_class"), py::arg("entries"), py::arg("load"),
-      py::arg("record_event") = py::none(),
-      "Reads every tensor the files hold into the module's CPU tensors (placeholders get "
-      "fresh ones).");
-
-  m.def(
       "load_weights_for_offload",
       [](const std::string& model_class, const py::list& entries, py::dict load,
          std::optional<std::string> preset, const core::DynamicOffloadSettings* settings,

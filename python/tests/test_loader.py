@@ -326,7 +326,7 @@ def test_unreadable_or_empty_directory(tmp_path):
             tmp_path, model_loader=diffusers.FluxTransformer2DModel, loader="fast"
         )
     with pytest.raises(Exception, match="missing-dir"):
-        ddo._C.load_weights("M", [], {"path": str(tmp_path / "missing-dir")})
+        ddo._C.load_weights_for_offload("M", [], {"path": str(tmp_path / "missing-dir")})
 
 
 def test_shape_mismatch_names_both_shapes(flux_dirs, tmp_path):

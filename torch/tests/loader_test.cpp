@@ -118,6 +118,60 @@ TEST(Loader, LoadWeightsWithoutOffloadFillsCpuTensors) {
   EXPECT_TRUE(at::equal(model.run(), expected));
 }
 
+TEST(Loader, DeferredLoadPinsAndTheAttachStreamsFromThePins) {
+  // Note [Loader pins]: the deferred load reads into pinned slabs for the device the options
+  // name; enable_offload streams every one-tensor unit where it lies, and remove() gives the
+  // loader's tensors back.
+  torch::manual_seed(5);
+  Model model;
+  TempDir dir;
+  const at::Tensor expected = model.run();
+  const std::string file = (dir.path() / "model.safetensors").string();
+  write_safetensors(file, state_of(*model.net));
+  release_weights(*model.net);
+  LoadOptions load;
+  load.path = file;
+  const OffloadOptions opts =
+      test::sim_options(dir, {{"resident_module_budget_gb", 0.0}, {"pin_cpu_memory", true}});
+  std::vector<std::string> events;
+  const nlohmann::json pins = load_weights_for_offload(
+      module_tree_from(*model.net), load, opts,
+      [&](const std::string& name, double, const nlohmann::json&) { events.push_back(name); });
+  ASSERT_TRUE(pins["pinned"].get<bool>()) << pins.dump();
+  EXPECT_EQ(pins["device"], "sim:0");
+  EXPECT_EQ(std::count(events.begin(), events.end(), "load_pins"), 1);
+  std::int64_t total = 0;
+  std::vector<const void*> before;
+  for (const at::Tensor& p : model.net->parameters()) {
+    total += p.numel() * p.element_size();
+    before.push_back(p.data_ptr());
+  }
+  EXPECT_GE(pins["pinned_bytes"].get<std::int64_t>(), total);
+  EXPECT_TRUE(at::equal(model.run(), expected));  // an ordinary CPU model until attached
+
+  auto offload = enable_offload(*model.net, opts);
+  const nlohmann::json setup = offload->report()["setup"];
+  const std::int64_t streamed = setup["bytes"]["streamed"].get<std::int64_t>();
+  EXPECT_GT(streamed, 0);
+  EXPECT_EQ(setup["loader_pins"]["adopted_bytes"].get<std::int64_t>(), streamed);
+  EXPECT_EQ(setup["pinned_bytes"].get<std::int64_t>(), 0);
+  EXPECT_EQ(setup["pageable_bytes"].get<std::int64_t>(), 0);
+  EXPECT_TRUE(at::equal(model.run(), expected));
+  offload->remove();
+  std::vector<const void*> after;
+  for (const at::Tensor& p : model.net->parameters()) after.push_back(p.data_ptr());
+  EXPECT_EQ(after, before);
+  EXPECT_TRUE(at::equal(model.run(), expected));
+
+  // Pinning off: ordinary memory, and the report says why.
+  release_weights(*model.net);
+  const nlohmann::json plain = load_weights_for_offload(
+      module_tree_from(*model.net), load, test::sim_options(dir, {{"pin_cpu_memory", false}}));
+  EXPECT_FALSE(plain["pinned"].get<bool>());
+  EXPECT_NE(plain["reason"].get<std::string>().find("pin_cpu_memory"), std::string::npos);
+  EXPECT_TRUE(at::equal(model.run(), expected));
+}
+
 TEST(Loader, AFailedSetupLeavesPlaceholdersAndNothingAttached) {
   torch::manual_seed(5);
   Model model;
