@@ -123,12 +123,15 @@ def test_deferred_load_pins_and_the_attach_streams_from_the_pins(flux_dirs, devi
     total = sum(t.numel() * t.element_size() for t in library.state_dict().values())
     pins = loaded.load_report
     assert pins["pinned"] is True, pins
-    assert pins["pinned_bytes"] >= total, (pins, total)
+    # Pinned: every weight the attach's plan streams and pins (here all streamed ones); the rest
+    # (tensors it moves to the device once) in ordinary memory of the same slabs.
+    assert pins["pinned_bytes"] >= pins["plan"]["streamed_bytes"] > 0, pins
+    assert pins["pinned_bytes"] + pins["pageable_bytes"] >= total, (pins, total)
     assert pins["device"] == device + ":0", pins
     assert_same_state(loaded.module, library)
     before = data_ptrs(loaded.module)
     if device == "cuda":
-        assert all(p.is_pinned() for p in loaded.module.parameters())
+        assert any(p.is_pinned() for p in loaded.module.parameters())
     for attach in range(2):
         offload = ddo.enable_offload(loaded.module, config=config)
         setup = offload.report()["setup"]
@@ -146,6 +149,33 @@ def test_deferred_load_pins_and_the_attach_streams_from_the_pins(flux_dirs, devi
         # The loader's tensors again: the same memory, the same values.
         assert data_ptrs(loaded.module) == before, f"attach {attach}"
         assert_same_state(loaded.module, library)
+
+
+@torch.no_grad()
+def test_deferred_load_pins_what_the_attach_would_pin(flux_dirs):
+    # The planner's RAM admission bounds the loader's pins as it bounds the attach's: with RAM
+    # for about half the weights, about half are pinned, the attach streams those where they lie
+    # and gives the others slabs of its own, and the outputs are the library's.
+    library = diffusers.FluxTransformer2DModel.from_pretrained(flux_dirs / "single").eval()
+    total = sum(t.numel() * t.element_size() for t in library.state_dict().values())
+    config = dict(STREAM, execution_device="sim", pin_cpu_memory=True,
+                  available_system_ram_gb=total * 0.5 / (1 << 30), system_ram_headroom_gb=0.0)
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        flux_dirs / "single", model_loader=diffusers.FluxTransformer2DModel,
+        dynamic_offload_config=config,
+    )
+    pins = loaded.load_report
+    assert 0 < pins["pinned_bytes"] < total, pins
+    assert pins["pinned_bytes"] + pins["pageable_bytes"] >= total, pins
+    assert pins["plan"]["pinned_bytes"] <= pins["plan"]["pin_budget_bytes"], pins
+    offload = ddo.enable_offload(loaded.module, config=config)
+    setup = offload.report()["setup"]
+    adopted = setup["loader_pins"]["adopted_bytes"]
+    assert 0 < adopted < setup["bytes"]["streamed"], setup
+    assert adopted <= pins["pinned_bytes"]
+    assert_same_output(loaded.module(**flux_inputs()).sample, library(**flux_inputs()).sample)
+    offload.remove()
+    assert_same_state(loaded.module, library)
 
 
 def test_deferred_load_for_plan_mode_is_ordinary_memory(flux_dirs):

@@ -2,6 +2,7 @@
 // recognises the pins (loader_pins.h).
 #include "loader_pins.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <utility>
@@ -10,6 +11,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/strides.h>
 
+#include "ddo/core/planner.h"
 #include "ddo/core/units.h"
 #include "ddo/torch/loader.h"
 #include "host_tensor.h"
@@ -33,6 +35,14 @@ namespace internal {
 // device with a plain copy from pinned memory. What it may not adopt is copied as before: a unit
 // of several tensors (an SDNQ layer, the classic group routes), a view that does not start at
 // its entry, a slab that fell back to ordinary memory.
+//
+// What is pinned is what the attach would pin: the loader plans the model as enable_offload does
+// without a profile (same settings, the same card, the RAM admission of the planner's pinning
+// phase) and pins the streamed tensors that plan pins; the others (residents, move-once tensors,
+// weights beyond the RAM admission) go into ordinary memory in the same slabs, one copy as
+// before, and the attach moves or copies them as it always did. A profile applied at the attach
+// may plan otherwise: a tensor it streams that the load did not pin is copied into a new slab, one
+// the load pinned that it keeps resident keeps its pinned host pages.
 //
 // Costs and limits. Entries are padded to 256 bytes so a unit's aligned copy stays inside its
 // entry. The slabs are freed with the last tensor that points into them: residents moved to the
@@ -69,22 +79,26 @@ namespace {
 constexpr std::size_t kPinAlignment = 256;  // as the offload's unit layout (kTensorAlignment)
 
 // The slots of `tree` that are placeholders the files hold, one per storage (tied names share
-// it), and the tree of every other slot, for materialize().
+// it), whether the plan pins one of its names, and the tree of every other slot, for
+// materialize().
 struct PinSlots {
   std::vector<at::Tensor> fresh_like;                  // one per storage: the placeholder
   std::vector<std::string> names;                      // its name in the module
+  std::vector<bool> pin;                               // streamed and pinned by the plan
   std::vector<std::pair<at::Tensor, std::size_t>> of;  // (handle, index into fresh_like)
   ModuleTree rest;
 };
 
-PinSlots split_slots(const ModuleTree& tree, const WeightSource& source) {
+PinSlots split_slots(const ModuleTree& tree, const WeightSource& source, const core::Plan& plan) {
   PinSlots out;
   out.rest.model_class = tree.model_class;
   std::map<const void*, std::size_t> index_of;
-  for (const ModuleEntry& entry : tree.entries) {
+  for (std::size_t m = 0; m < tree.entries.size(); ++m) {
+    const ModuleEntry& entry = tree.entries[m];
     ModuleEntry kept = entry;
     kept.tensors.clear();
-    for (const TensorSlot& slot : entry.tensors) {
+    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
+      const TensorSlot& slot = entry.tensors[t];
       const std::string name = slot_name(entry, slot);
       if (!is_placeholder(slot.tensor) || !source.has(name)) {
         kept.tensors.push_back(slot);
@@ -95,7 +109,11 @@ PinSlots split_slots(const ModuleTree& tree, const WeightSource& source) {
       if (inserted) {
         out.fresh_like.push_back(slot.tensor);
         out.names.push_back(name);
+        out.pin.push_back(false);
       }
+      // The inventory follows the tree (to_inventory), so the plan's indices are the tree's.
+      const core::TensorPlan& tp = plan.modules[m].tensors[t];
+      if (tp.action == core::TensorAction::kStream && tp.pin) out.pin[it->second] = true;
       out.of.emplace_back(slot.tensor, it->second);
     }
     out.rest.entries.push_back(std::move(kept));
@@ -150,12 +168,27 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
   }
 
   const auto start = std::chrono::steady_clock::now();
-  PinSlots slots = split_slots(tree, *source);
+  // The plan the attach would make without a profile (Note [Loader pins]): its pins.
+  const bool cuda = device->caps().kind == engine::DeviceKind::kCuda;
+  const c10::Device torch_device =
+      cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device->caps().index))
+           : c10::Device(c10::kCPU);
+  core::PlanContext ctx;
+  ctx.total_vram_bytes = device->memory().total_bytes;
+  if (config.vram_cap_gb > 0) {
+    const auto cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
+    ctx.total_vram_bytes = ctx.total_vram_bytes > 0 ? std::min(ctx.total_vram_bytes, cap) : cap;
+  }
+  ctx.available_ram_bytes = settings.available_ram_bytes();
+  ctx.pin_allowed = settings.pin_effective;
+  const core::Plan plan = core::make_plan(to_inventory(tree, torch_device), config, ctx);
+  PinSlots slots = split_slots(tree, *source, plan);
   std::vector<engine::SlabTensor> entries;
   entries.reserve(slots.fresh_like.size());
-  for (const at::Tensor& t : slots.fresh_like) {
+  for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
+    const at::Tensor& t = slots.fresh_like[i];
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-    entries.push_back({core::align_up(bytes, kPinAlignment), true});
+    entries.push_back({core::align_up(bytes, kPinAlignment), static_cast<bool>(slots.pin[i])});
   }
   engine::HostSlabOptions slab_options;
   slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
@@ -197,6 +230,14 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
 
   const engine::HostSlabStats& stats = slabs->stats();
   report["pinned"] = stats.pinned_bytes > 0;
+  if (stats.pinned_bytes == 0) {
+    report["reason"] =
+        "the plan the attach would make pins none of these weights (its RAM "
+        "admission or pin settings; see enable_offload's pin decisions)";
+  }
+  report["plan"] = {{"streamed_bytes", plan.streamed_bytes},
+                    {"pin_budget_bytes", plan.pin_budget_bytes},
+                    {"pinned_bytes", plan.pinned_bytes}};
   report["pinned_bytes"] = stats.pinned_bytes;
   report["pageable_bytes"] = stats.pageable_bytes;
   report["pin_fallback_bytes"] = stats.pin_fallback_bytes;

@@ -146,7 +146,11 @@ TEST(Loader, DeferredLoadPinsAndTheAttachStreamsFromThePins) {
     total += p.numel() * p.element_size();
     before.push_back(p.data_ptr());
   }
-  EXPECT_GE(pins["pinned_bytes"].get<std::int64_t>(), total);
+  EXPECT_GE(pins["pinned_bytes"].get<std::int64_t>(),
+            pins["plan"]["streamed_bytes"].get<std::int64_t>());
+  EXPECT_GT(pins["plan"]["streamed_bytes"].get<std::int64_t>(), 0);
+  EXPECT_GE(pins["pinned_bytes"].get<std::int64_t>() + pins["pageable_bytes"].get<std::int64_t>(),
+            total);
   EXPECT_TRUE(at::equal(model.run(), expected));  // an ordinary CPU model until attached
 
   auto offload = enable_offload(*model.net, opts);
