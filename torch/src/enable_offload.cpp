@@ -571,7 +571,6 @@ std::vector<std::vector<int>> collect_replaced(OffloadState& s,
       r.action = action;
       r.name = slot_name(entry, entry.tensors[t]);
       r.from_file = from_file && !kept_on_device;
-      if (loader_pin_of(handle) != nullptr) r.loader_pin = handle.detach();  // keeps its slab
       auto [it, inserted] =
           first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
       if (!inserted) r.tied_to = it->second;
@@ -685,6 +684,7 @@ std::vector<UnitLayout> layout_stream_units(OffloadState& s,
       if (pin != nullptr && pin->streamable(r.handle, u.bytes)) {
         u.adopted = true;
         u.data = static_cast<char*>(r.handle.data_ptr());
+        r.loader_pin = r.handle.detach();  // keeps its slab; remove() gives it back
       }
     }
     if (u.bytes > 0) units.push_back(std::move(u));
@@ -1093,9 +1093,8 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
       restored[i] = weights->read_cpu(r.name, r.handle, record_event);
       if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
     } else if (r.loader_pin.defined()) {
-      // The loader's own tensor again (Note [Loader pins]), with the current values (a unit
-      // streamed from it was read in place), so a later attach adopts it once more.
-      if (r.handle.data_ptr() != r.loader_pin.data_ptr()) r.loader_pin.copy_(r.handle.detach());
+      // Streamed where the loader pinned it: the loader's own tensor again (Note [Loader pins]),
+      // so a later attach adopts it once more.
       restored[i] = r.loader_pin;
     } else if (entry && r.unit >= 0) {
       // Stays in its slab region, now owned by the cache and this view together.

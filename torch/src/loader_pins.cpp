@@ -38,17 +38,16 @@ namespace internal {
 //
 // What is pinned is what the attach would pin: the loader plans the model as enable_offload does
 // without a profile (same settings, the same card, the RAM admission of the planner's pinning
-// phase) and pins the streamed tensors that plan pins; the others (residents, move-once tensors,
-// weights beyond the RAM admission) go into ordinary memory in the same slabs, one copy as
-// before, and the attach moves or copies them as it always did. A profile applied at the attach
-// may plan otherwise: a tensor it streams that the load did not pin is copied into a new slab, one
-// the load pinned that it keeps resident keeps its pinned host pages.
+// phase) and pins the streamed tensors that plan pins. The others (residents, move-once tensors,
+// weights beyond the RAM admission) are read into ordinary CPU tensors, as before, so the attach
+// frees a resident's host copy once it is on the device. A profile applied at the attach may plan
+// otherwise: a tensor it streams that the load did not pin is copied into a new slab, and one the
+// load pinned that it keeps resident goes to the device with a plain copy.
 //
 // Costs and limits. Entries are padded to 256 bytes so a unit's aligned copy stays inside its
-// entry. The slabs are freed with the last tensor that points into them: residents moved to the
-// device keep their host pages until the module's other loaded weights go (remove() gives the
-// streamed ones back as the same loader tensors, so the pins outlive the offload and a second
-// enable_offload adopts them again). Pinning follows the settings: pin_cpu_memory off, plan
+// entry. The slabs are freed with the last tensor that points into them; remove() gives the
+// adopted weights back as the same loader tensors, so the pins outlive the offload and a second
+// enable_offload adopts them again. Pinning follows the settings: pin_cpu_memory off, plan
 // mode, a disabled offload or execution_device "cpu" load into ordinary memory instead, and the
 // report says why.
 
@@ -78,42 +77,47 @@ namespace {
 
 constexpr std::size_t kPinAlignment = 256;  // as the offload's unit layout (kTensorAlignment)
 
-// The slots of `tree` that are placeholders the files hold, one per storage (tied names share
-// it), whether the plan pins one of its names, and the tree of every other slot, for
-// materialize().
+// The placeholders the files hold that the plan pins, one per storage, and the tree of every
+// other slot, for materialize().
 struct PinSlots {
   std::vector<at::Tensor> fresh_like;                  // one per storage: the placeholder
   std::vector<std::string> names;                      // its name in the module
-  std::vector<bool> pin;                               // streamed and pinned by the plan
   std::vector<std::pair<at::Tensor, std::size_t>> of;  // (handle, index into fresh_like)
   ModuleTree rest;
 };
 
 PinSlots split_slots(const ModuleTree& tree, const WeightSource& source, const core::Plan& plan) {
+  // A storage is pinned when the plan streams and pins one of its names (tied names share it).
+  // The inventory follows the tree (to_inventory), so the plan's indices are the tree's.
+  std::map<const void*, bool> pinned;
+  for (std::size_t m = 0; m < tree.entries.size(); ++m) {
+    const ModuleEntry& entry = tree.entries[m];
+    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
+      const at::Tensor& h = entry.tensors[t].tensor;
+      if (!is_placeholder(h) || !source.has(slot_name(entry, entry.tensors[t]))) continue;
+      const core::TensorPlan& tp = plan.modules[m].tensors[t];
+      bool& pin = pinned[h.storage().unsafeGetStorageImpl()];
+      pin = pin || (tp.action == core::TensorAction::kStream && tp.pin);
+    }
+  }
   PinSlots out;
   out.rest.model_class = tree.model_class;
   std::map<const void*, std::size_t> index_of;
-  for (std::size_t m = 0; m < tree.entries.size(); ++m) {
-    const ModuleEntry& entry = tree.entries[m];
+  for (const ModuleEntry& entry : tree.entries) {
     ModuleEntry kept = entry;
     kept.tensors.clear();
-    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
-      const TensorSlot& slot = entry.tensors[t];
-      const std::string name = slot_name(entry, slot);
-      if (!is_placeholder(slot.tensor) || !source.has(name)) {
-        kept.tensors.push_back(slot);
+    for (const TensorSlot& slot : entry.tensors) {
+      const void* key = slot.tensor.storage().unsafeGetStorageImpl();
+      auto pin = pinned.find(key);
+      if (pin == pinned.end() || !pin->second) {
+        kept.tensors.push_back(slot);  // not from the files, or not pinned: materialize()
         continue;
       }
-      const void* key = slot.tensor.storage().unsafeGetStorageImpl();
       auto [it, inserted] = index_of.emplace(key, out.fresh_like.size());
       if (inserted) {
         out.fresh_like.push_back(slot.tensor);
-        out.names.push_back(name);
-        out.pin.push_back(false);
+        out.names.push_back(slot_name(entry, slot));
       }
-      // The inventory follows the tree (to_inventory), so the plan's indices are the tree's.
-      const core::TensorPlan& tp = plan.modules[m].tensors[t];
-      if (tp.action == core::TensorAction::kStream && tp.pin) out.pin[it->second] = true;
       out.of.emplace_back(slot.tensor, it->second);
     }
     out.rest.entries.push_back(std::move(kept));
@@ -188,7 +192,7 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
   for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
     const at::Tensor& t = slots.fresh_like[i];
     const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-    entries.push_back({core::align_up(bytes, kPinAlignment), static_cast<bool>(slots.pin[i])});
+    entries.push_back({core::align_up(bytes, kPinAlignment), true});
   }
   engine::HostSlabOptions slab_options;
   slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;

@@ -36,8 +36,8 @@ struct ReplacedTensor {
   std::size_t unit_offset = 0;
   bool from_file = false;       // the loader reads it (loader.h); on a failed setup: a placeholder
   bool kept_on_device = false;  // found on the device, left there by remove(keep_residents)
-  // The deferred loader's tensor, when it was one (Note [Loader pins] in loader_pins.cpp): kept
-  // for remove(), which gives it back with the current values (a unit streamed from it, in place).
+  // The deferred loader's pinned tensor its unit streams from in place (Note [Loader pins] in
+  // loader_pins.cpp): kept for remove(), which gives it back.
   at::Tensor loader_pin;
 };
 
