@@ -24,6 +24,7 @@ device. The host never holds the model twice. ``loader="library"`` calls the cla
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional
 
@@ -86,6 +87,113 @@ def _to_placeholders(module: nn.Module) -> None:
         for name, b in list(sub._buffers.items()):
             if b is not None and b.is_meta:
                 sub._buffers[name] = memo.setdefault(id(b), _C.placeholder_like(b))
+
+
+# safetensors dtype names of the tensors an SDNQ checkpoint holds.
+_FILE_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F32": torch.float32, "F64": torch.float64,
+}
+
+
+def _sdnq_checkpoint_config(path: str) -> Optional[dict[str, Any]]:
+    """The quantization config of a checkpoint saved by the ``sdnq`` package
+    (``quantization_config.json`` beside the weights, or ``config.json``'s
+    ``quantization_config``) when its ``quant_method`` is "sdnq"; None otherwise."""
+    if not os.path.isdir(path):
+        return None
+    for name, key in (("quantization_config.json", None), ("config.json", "quantization_config")):
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            continue
+        with open(file, encoding="utf-8") as f:
+            config = json.load(f)
+        if key is not None:
+            config = config.get(key)
+        if isinstance(config, dict) and config.get("quant_method") == "sdnq":
+            return config
+    return None
+
+
+def _file_tensors(path: str) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype, shape) from the safetensors headers of a component directory (ddo's
+    reader checks them against the files again before anything is read)."""
+    out: dict[str, tuple[str, list[int]]] = {}
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(path, name), "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if size <= 0 or size > 100 << 20:
+                raise ValueError(f"{name}: safetensors header size {size} is not sane")
+            header = json.loads(f.read(size))
+        for key, info in header.items():
+            if key != "__metadata__":
+                out[key] = (info["dtype"], list(info["shape"]))
+    return out
+
+
+def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
+                         result_dtype: torch.dtype) -> int:
+    """Replaces every Linear whose checkpoint tensors are SDNQ-quantized by ddo's
+    :class:`~ddo.sdnq.QuantizedLinear` over meta tensors of the file's shapes and dtypes, so the
+    loader reads the packed tensors straight into place (Note [Loader pins] for the deferred
+    flow). The layout comes from the package's config and the tensors: the weights dtype, one
+    scale per row or per group (from the scale's shape), SVD factors when present. Returns how
+    many layers were swapped; a layout ddo does not run is a ValueError naming the option."""
+    from .sdnq import _UNSUPPORTED_TENSORS, QuantizedLinear
+
+    for option in ("use_quantized_matmul", "use_hadamard", "use_codebook", "use_codebook_scale"):
+        if config.get(option):
+            raise ValueError(
+                f"{path}: the SDNQ checkpoint was saved with {option}=True, a layout ddo's loader "
+                "does not read yet; load it with loader='library' (the package's own loader)"
+            )
+    for option in ("modules_dtype_dict", "modules_quant_config"):
+        if config.get(option):
+            raise ValueError(
+                f"{path}: the SDNQ checkpoint sets {option} (per-module layouts), which ddo's "
+                "loader does not read yet; load it with loader='library'"
+            )
+    weights_dtype = config.get("weights_dtype")
+    if not isinstance(weights_dtype, str):
+        raise ValueError(f"{path}: the SDNQ quantization config has no weights_dtype")
+    tensors = _file_tensors(path)
+    swapped = 0
+    for name, sub in list(module.named_modules()):
+        if not isinstance(sub, nn.Linear) or f"{name}.scale" not in tensors:
+            continue
+        for extra in _UNSUPPORTED_TENSORS:
+            if f"{name}.{extra}" in tensors:
+                raise ValueError(
+                    f"{path}: {name}.{extra}: double-quantized scales are not supported by ddo's "
+                    "dequantize; load it with loader='library'"
+                )
+        meta = {}
+        for part in ("weight", "scale", "zero_point", "svd_up", "svd_down", "bias"):
+            if f"{name}.{part}" in tensors:
+                dtype, shape = tensors[f"{name}.{part}"]
+                if dtype not in _FILE_DTYPES:
+                    raise ValueError(f"{path}: {name}.{part} has dtype {dtype}, unknown to ddo")
+                meta[part] = torch.empty(shape, dtype=_FILE_DTYPES[dtype], device="meta")
+        scale_shape = tensors[f"{name}.scale"][1]
+        group = 0 if len(scale_shape) <= 2 else sub.in_features // max(1, scale_shape[-2])
+        try:
+            layout = list(torch.ops.ddo.sdnq_layout_code(
+                weights_dtype, result_dtype, sub.out_features, sub.in_features, group, False
+            ))
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"{path}: {name}: ddo cannot run this SDNQ layout: {e}") from None
+        bias = meta.pop("bias", None)
+        if bias is not None and bias.dtype.is_floating_point:
+            bias = torch.empty(bias.shape, dtype=result_dtype, device="meta")
+        layer = QuantizedLinear(sub.in_features, sub.out_features, meta, layout, bias,
+                                weights_dtype)
+        parent_name, _, child = name.rpartition(".")
+        setattr(module.get_submodule(parent_name) if parent_name else module, child, layer)
+        swapped += 1
+    return swapped
 
 
 def _has_safetensors(path: str) -> bool:
@@ -254,6 +362,11 @@ def from_pretrained_with_dynamic_offload(
     target = dtype if dtype is not None else _default_dtype(model_loader, path)
     if target is not None:
         module.to(target)  # on meta: no memory, no copy
+    sdnq_config = _sdnq_checkpoint_config(path)
+    if sdnq_config is not None:
+        # A checkpoint of the sdnq package: its quantized Linears become ddo's SDNQ layers, whose
+        # packed tensors the loader reads like any other (after module.to: they keep their dtypes).
+        _swap_in_sdnq_layers(module, path, sdnq_config, target or torch.float32)
     _to_placeholders(module)
     module.eval()
     load = {

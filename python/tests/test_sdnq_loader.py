@@ -1,0 +1,92 @@
+"""SDNQ checkpoints through ddo's loader (issue 16): a tiny FLUX transformer quantized by the
+``sdnq`` package (the test oracle) and written by its ``save_sdnq_model``, loaded by ddo straight
+into place on the sim device, gives the outputs of the package's own ``load_sdnq_model``; the
+packed tensors stream as one unit per layer and are read as they lie in the file."""
+
+import os
+
+import pytest
+import torch
+
+import ddo
+from conftest import STREAM_ALL
+from helpers import import_sdnq_oracle, tiny_flux_inputs
+
+os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
+diffusers = pytest.importorskip("diffusers")
+sdnq = import_sdnq_oracle()
+
+STREAM = dict(STREAM_ALL, execution_mode="linear_runtime")
+
+
+def tiny_flux():
+    return diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=32,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=[8, 8, 16],
+    ).to(torch.bfloat16).eval()
+
+
+LAYOUTS = [
+    ("int8", dict()),
+    ("uint4", dict(use_svd=True, svd_rank=8)),
+]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=[name for name, _ in LAYOUTS])
+def sdnq_dir(request, tmp_path_factory):
+    weights_dtype, kw = request.param
+    root = tmp_path_factory.mktemp(f"sdnq-{weights_dtype}")
+    torch.manual_seed(3)
+    model = sdnq.sdnq_post_load_quant(
+        tiny_flux(), weights_dtype=weights_dtype, torch_dtype=torch.bfloat16,
+        minimum_allowed_numel=0, **kw,
+    )
+    sdnq.save_sdnq_model(model, str(root))
+    return root, weights_dtype
+
+
+@torch.no_grad()
+def test_sdnq_checkpoint_loads_like_the_package(sdnq_dir):
+    path, weights_dtype = sdnq_dir
+    package = sdnq.load_sdnq_model(str(path), model_cls=diffusers.FluxTransformer2DModel,
+                                   dtype=torch.bfloat16)
+    inputs = tiny_flux_inputs(1, torch.bfloat16)
+    expected = package(**inputs).sample
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=STREAM, dtype=torch.bfloat16,
+    )
+    layers = [m for m in loaded.module.modules() if isinstance(m, ddo.sdnq.QuantizedLinear)]
+    quantized = [m for m in package.modules() if hasattr(m, "sdnq_dequantizer")]
+    assert len(layers) == len(quantized) > 0
+    assert all(m.weights_dtype == weights_dtype for m in layers)
+    report = loaded.report()
+    assert report["execution_mode"] == "sdnq_runtime", report["execution_mode"]
+    # Every file byte read once, straight into place.
+    total = sum(t.numel() * t.element_size() for t in package.state_dict().values())
+    assert report["setup"]["load"]["bytes"] == total
+    got = loaded.module(**inputs).sample
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    loaded.offload.remove()
+    # After remove() every tensor is the package's, bit for bit.
+    state = package.state_dict()
+    for name, t in loaded.module.state_dict().items():
+        assert torch.equal(t, state[name]), name
+
+
+def test_sdnq_layouts_ddo_does_not_read_are_a_clear_error(sdnq_dir, tmp_path):
+    path, _ = sdnq_dir
+    import json
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    config = json.loads((bad / "quantization_config.json").read_text())
+    config["use_hadamard"] = True
+    (bad / "quantization_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="use_hadamard.*loader='library'"):
+        ddo.from_pretrained_with_dynamic_offload(
+            bad, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+            dynamic_offload_config=STREAM, dtype=torch.bfloat16,
+        )
