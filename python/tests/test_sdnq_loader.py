@@ -30,6 +30,7 @@ def tiny_flux():
 LAYOUTS = [
     ("int8", dict()),
     ("uint4", dict(use_svd=True, svd_rank=8)),
+    ("int4", dict(group_size=32)),  # two groups per row of the 64-wide layers
 ]
 
 
