@@ -67,6 +67,23 @@ bool all_placeholders(torch::nn::Module& m) {
   return true;
 }
 
+struct Seeded {
+  explicit Seeded(std::uint64_t seed) { torch::manual_seed(seed); }
+};
+
+// A model written to dir/model.safetensors and then released to placeholders; `expected` is its
+// output before.
+struct SavedModel : Seeded {
+  Model model;
+  TempDir dir;
+  at::Tensor expected = model.run();
+  std::string file = (dir.path() / "model.safetensors").string();
+  explicit SavedModel(std::uint64_t seed) : Seeded(seed) {
+    write_safetensors(file, state_of(*model.net));
+    release_weights(*model.net);
+  }
+};
+
 OffloadOptions stream_all(const TempDir& dir) {
   return test::sim_options(dir, {{"resident_module_budget_gb", 0.0}});
 }
@@ -104,33 +121,24 @@ TEST(Loader, LoadsStraightIntoPlaceAndRunsLikeTheOriginal) {
 }
 
 TEST(Loader, LoadWeightsWithoutOffloadFillsCpuTensors) {
-  torch::manual_seed(4);
-  Model model;
-  TempDir dir;
-  const at::Tensor expected = model.run();
-  const std::string file = (dir.path() / "model.safetensors").string();
-  write_safetensors(file, state_of(*model.net));
-  release_weights(*model.net);
+  SavedModel saved(4);
   LoadOptions load;
-  load.path = dir.path().string();  // the directory with its one file
-  load_weights(*model.net, load);
-  EXPECT_FALSE(all_placeholders(*model.net));
-  EXPECT_TRUE(at::equal(model.run(), expected));
+  load.path = saved.dir.path().string();  // the directory with its one file
+  load_weights(*saved.model.net, load);
+  EXPECT_FALSE(all_placeholders(*saved.model.net));
+  EXPECT_TRUE(at::equal(saved.model.run(), saved.expected));
 }
 
 TEST(Loader, DeferredLoadPinsAndTheAttachStreamsFromThePins) {
   // Note [Loader pins]: the deferred load reads into pinned slabs for the device the options
   // name; enable_offload streams every one-tensor unit where it lies, and remove() gives the
   // loader's tensors back.
-  torch::manual_seed(5);
-  Model model;
-  TempDir dir;
-  const at::Tensor expected = model.run();
-  const std::string file = (dir.path() / "model.safetensors").string();
-  write_safetensors(file, state_of(*model.net));
-  release_weights(*model.net);
+  SavedModel saved(5);
+  Model& model = saved.model;
+  const TempDir& dir = saved.dir;
+  const at::Tensor& expected = saved.expected;
   LoadOptions load;
-  load.path = file;
+  load.path = saved.file;
   const OffloadOptions opts =
       test::sim_options(dir, {{"resident_module_budget_gb", 0.0}, {"pin_cpu_memory", true}});
   std::vector<std::string> events;
