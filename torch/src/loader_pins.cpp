@@ -221,6 +221,10 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
         slabs->tensor_ptr(i), static_cast<std::size_t>(like.numel()) * like.element_size(),
         like.sizes(), strides, like.scalar_type(), record, &internal::loader_pin_deleter));
   }
+  // Everything else the files hold is read into ordinary CPU tensors; only then are the pinned
+  // ones swapped in, so a failed read leaves the module's placeholders as they were.
+  materialize(slots.rest, *source, events);
+  source->finish(events);
   {
     at::AutoGradMode no_grad(false);
     for (auto& [handle, index] : slots.of) {
@@ -228,9 +232,6 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
       h.set_data(fresh[index]);
     }
   }
-  // Everything else the files hold (tensors that were not placeholders) is read in place.
-  materialize(slots.rest, *source, events);
-  source->finish(events);
 
   const engine::HostSlabStats& stats = slabs->stats();
   report["pinned"] = stats.pinned_bytes > 0;
