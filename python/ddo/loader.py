@@ -89,14 +89,6 @@ def _to_placeholders(module: nn.Module) -> None:
                 sub._buffers[name] = memo.setdefault(id(b), _C.placeholder_like(b))
 
 
-# safetensors dtype names of the tensors an SDNQ checkpoint holds.
-_FILE_DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F32": torch.float32, "F64": torch.float64,
-}
-
-
 def _sdnq_checkpoint_config(path: str) -> Optional[dict[str, Any]]:
     """The quantization config of a checkpoint saved by the ``sdnq`` package
     (``quantization_config.json`` beside the weights, or ``config.json``'s
@@ -114,24 +106,6 @@ def _sdnq_checkpoint_config(path: str) -> Optional[dict[str, Any]]:
         if isinstance(config, dict) and config.get("quant_method") == "sdnq":
             return config
     return None
-
-
-def _file_tensors(path: str) -> dict[str, tuple[str, list[int]]]:
-    """name -> (dtype, shape) from the safetensors headers of a component directory (ddo's
-    reader checks them against the files again before anything is read)."""
-    out: dict[str, tuple[str, list[int]]] = {}
-    for name in sorted(os.listdir(path)):
-        if not name.endswith(".safetensors"):
-            continue
-        with open(os.path.join(path, name), "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if size <= 0 or size > 100 << 20:
-                raise ValueError(f"{name}: safetensors header size {size} is not sane")
-            header = json.loads(f.read(size))
-        for key, info in header.items():
-            if key != "__metadata__":
-                out[key] = (info["dtype"], list(info["shape"]))
-    return out
 
 
 def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
@@ -159,7 +133,7 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
     weights_dtype = config.get("weights_dtype")
     if not isinstance(weights_dtype, str):
         raise ValueError(f"{path}: the SDNQ quantization config has no weights_dtype")
-    tensors = _file_tensors(path)
+    tensors = _C.checkpoint_meta(path)  # name -> meta tensor of the stored shape and dtype
     swapped = 0
     for name, sub in list(module.named_modules()):
         if not isinstance(sub, nn.Linear) or f"{name}.scale" not in tensors:
@@ -170,14 +144,12 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
                     f"{path}: {name}.{extra}: double-quantized scales are not supported by ddo's "
                     "dequantize; load it with loader='library'"
                 )
-        meta = {}
-        for part in ("weight", "scale", "zero_point", "svd_up", "svd_down", "bias"):
-            if f"{name}.{part}" in tensors:
-                dtype, shape = tensors[f"{name}.{part}"]
-                if dtype not in _FILE_DTYPES:
-                    raise ValueError(f"{path}: {name}.{part} has dtype {dtype}, unknown to ddo")
-                meta[part] = torch.empty(shape, dtype=_FILE_DTYPES[dtype], device="meta")
-        scale_shape = tensors[f"{name}.scale"][1]
+        meta = {
+            part: tensors[f"{name}.{part}"]
+            for part in ("weight", "scale", "zero_point", "svd_up", "svd_down", "bias")
+            if f"{name}.{part}" in tensors
+        }
+        scale_shape = tensors[f"{name}.scale"].shape
         group = 0 if len(scale_shape) <= 2 else sub.in_features // max(1, scale_shape[-2])
         try:
             layout = list(torch.ops.ddo.sdnq_layout_code(

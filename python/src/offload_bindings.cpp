@@ -326,6 +326,19 @@ void bind_offload(py::module_& m) {
       "A CPU tensor of like's shape and dtype that takes no memory (Note [Placeholders]).");
   m.def("is_placeholder", &adapter::is_placeholder, py::arg("tensor"));
   m.def(
+      "checkpoint_meta",
+      [](const std::string& path) {
+        std::map<std::string, at::Tensor> tensors;
+        {
+          py::gil_scoped_release release;
+          tensors = adapter::checkpoint_meta_tensors(path);
+        }
+        return tensors;
+      },
+      py::arg("path"),
+      "The checkpoint's tensors as meta tensors of their stored shapes and dtypes, by name "
+      "(headers only, validated as the loader validates them).");
+  m.def(
       "load_weights_for_offload",
       [](const std::string& model_class, const py::list& entries, py::dict load,
          std::optional<std::string> preset, const core::DynamicOffloadSettings* settings,

@@ -107,6 +107,12 @@ void print_decisions(const OffloadState& s) {
 
 }  // namespace
 
+std::int64_t capped_vram_bytes(std::int64_t total_bytes, const core::DynamicOffloadConfig& config) {
+  if (config.vram_cap_gb <= 0) return total_bytes;
+  const auto cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
+  return total_bytes > 0 ? std::min(total_bytes, cap) : cap;
+}
+
 double gib(std::int64_t bytes) {
   return static_cast<double>(bytes) / core::kGiB;
 }
@@ -1033,9 +1039,7 @@ std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep
   for (const bool on_disk : s.runtime->unit_on_disk) {
     if (on_disk) return nullptr;  // a disk-tier unit has no slab to keep
   }
-  for (const ReplacedTensor& r : s.replaced) {
-    if (r.loader_pin.defined()) return nullptr;  // loader pins go back to the loader's tensors
-  }
+  if (s.setup.adopted_units > 0) return nullptr;  // loader pins go back to the loader's tensors
   for (const ReplacedTensor& r : s.replaced) {
     if (r.unit >= 0 && r.tied_to < 0 && !r.original_device.is_cpu()) return nullptr;
   }
@@ -1217,10 +1221,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
     total_vram = static_cast<std::int64_t>(
         (config.sim_device_capacity_gb > 0 ? config.sim_device_capacity_gb : 8.0) * core::kGiB);
   }
-  if (config.vram_cap_gb > 0) {
-    const auto cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
-    total_vram = total_vram > 0 ? std::min(total_vram, cap) : cap;
-  }
+  total_vram = internal::capped_vram_bytes(total_vram, config);
   s->setup.resolve_seconds = internal::seconds_since(t0);
 
   // Profile.

@@ -440,6 +440,20 @@ void materialize(const ModuleTree& tree, WeightSource& source, const RecordEvent
   }
 }
 
+std::map<std::string, at::Tensor> checkpoint_meta_tensors(const std::string& path) {
+  core::Checkpoint checkpoint;
+  throw_if_error(core::open_checkpoint(path, &checkpoint));
+  std::map<std::string, at::Tensor> out;
+  for (const core::CheckpointTensor& t : checkpoint.tensors) {
+    out.emplace(
+        t.name,
+        at::empty(
+            t.shape,
+            at::TensorOptions().dtype(to_scalar_type(t.dtype)).device(c10::DeviceType::Meta)));
+  }
+  return out;
+}
+
 void load_weights(const ModuleTree& tree_in, const LoadOptions& options,
                   const RecordEvent& events) {
   ModuleTree tree = tree_in;

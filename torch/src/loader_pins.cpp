@@ -27,14 +27,13 @@ namespace internal {
 // later, at the execution stage. Loaded into ordinary CPU tensors, the weights were copied a
 // second time at the attach, into fresh pinned slabs: setup paid a full memcpy and a pin of the
 // streamed bytes again, and host RAM briefly held both copies of each chunk. Instead the loader
-// reads every tensor straight into pinned host slabs for the execution device the offload
-// settings name (HostSlabs: exact-size slabs, registered after the read), and each weight becomes
-// a CPU tensor over its slab entry whose storage deleter marks it, as managed weights are marked.
-// enable_offload then streams a unit of one loader-pinned tensor from where it lies: no slab,
-// no copy, no pin (setup.loader_pins.adopted_bytes); residents and move-once tensors go to the
-// device with a plain copy from pinned memory. What it may not adopt is copied as before: a unit
-// of several tensors (an SDNQ layer, the classic group routes), a view that does not start at
-// its entry, a slab that fell back to ordinary memory.
+// reads the weights the attach will stream and pin (below) straight into pinned host slabs for
+// the execution device the offload settings name (HostSlabs: exact-size slabs, registered after
+// the read), and each becomes a CPU tensor over its slab entry whose storage deleter marks it, as
+// managed weights are marked. enable_offload then streams a unit of one loader-pinned tensor from
+// where it lies: no slab, no copy, no pin (setup.loader_pins.adopted_bytes). What it may not adopt
+// is copied as before: a unit of several tensors (an SDNQ layer, the classic group routes), a
+// view that does not start at its entry, a slab that fell back to ordinary memory.
 //
 // What is pinned is what the attach would pin: the loader plans the model as enable_offload does
 // without a profile (same settings, the same card, the RAM admission of the planner's pinning
@@ -178,11 +177,7 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
       cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device->caps().index))
            : c10::Device(c10::kCPU);
   core::PlanContext ctx;
-  ctx.total_vram_bytes = device->memory().total_bytes;
-  if (config.vram_cap_gb > 0) {
-    const auto cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
-    ctx.total_vram_bytes = ctx.total_vram_bytes > 0 ? std::min(ctx.total_vram_bytes, cap) : cap;
-  }
+  ctx.total_vram_bytes = internal::capped_vram_bytes(device->memory().total_bytes, config);
   ctx.available_ram_bytes = settings.available_ram_bytes();
   ctx.pin_allowed = settings.pin_effective;
   const core::Plan plan = core::make_plan(to_inventory(tree, torch_device), config, ctx);

@@ -144,6 +144,9 @@ std::string normalize_device_name(const std::string& device);
 
 double gib(std::int64_t bytes);
 
+// The card the planner sees: `total_bytes` (0 = unknown) bounded by config.vram_cap_gb.
+std::int64_t capped_vram_bytes(std::int64_t total_bytes, const core::DynamicOffloadConfig& config);
+
 // Calibration's compute measurement (Note [Balanced order] in core/src/planner_residency.cpp): a
 // mark on the compute stream where the region starts, and, after the region's final
 // synchronization, the GPU ms each residency candidate took in the last step (from the scheduler's

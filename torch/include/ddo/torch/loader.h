@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,6 +90,11 @@ void load_weights(const ModuleTree& tree, const LoadOptions& options,
                   const RecordEvent& events = {});
 /// The same for a LibTorch module.
 void load_weights(torch::nn::Module& model, const LoadOptions& options);
+
+/// The tensors of the checkpoint at `path` (opened as open_weight_source opens it: index, shards,
+/// validated headers) as meta tensors of their stored shapes and dtypes, by name; no tensor bytes
+/// are read. Throws ddo::Error naming the file for a missing or malformed checkpoint.
+std::map<std::string, at::Tensor> checkpoint_meta_tensors(const std::string& path);
 
 /// The deferred flow with pins (Note [Loader pins] in loader_pins.cpp): reads every tensor the
 /// files hold into pinned host slabs for the execution device that `options` resolve to, as the
