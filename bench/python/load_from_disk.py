@@ -100,17 +100,28 @@ def cached_fraction(path: str) -> float | None:
         return None
 
 
-def read_bandwidth(path: str, threads: int = 8, piece: int = 64 << 20) -> dict:
-    """Reads every shard with `threads` pread workers; GB/s over all bytes."""
+def read_bandwidth(path: str, threads: int = 8, piece: int = 64 << 20, direct: bool = False,
+                   limit: int | None = None, stride: int = 1) -> dict:
+    """Reads the shards with `threads` pread workers in `piece`-byte jobs; GB/s over all bytes.
+
+    direct: O_DIRECT into page-aligned buffers (no page cache). limit: stop after about this many
+    bytes. stride: take every stride-th piece (scattered ranges, like the disk tier's units)."""
     jobs = []
     for f in shard_files(path):
         size = os.path.getsize(f)
         jobs += [(f, off, min(piece, size - off)) for off in range(0, size, piece)]
+    jobs = jobs[::stride]
+    if limit is not None:
+        jobs = jobs[:max(1, limit // piece)]
     lock = threading.Lock()
     state = {"next": 0}
-    fds = {f: os.open(f, os.O_RDONLY) for f in shard_files(path)}
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    fds = {f: os.open(f, flags) for f in shard_files(path)}
+    chunk = 16 << 20
 
     def worker():
+        import mmap
+        buf = mmap.mmap(-1, chunk) if direct else None  # page-aligned for O_DIRECT
         while True:
             with lock:
                 i = state["next"]
@@ -120,7 +131,15 @@ def read_bandwidth(path: str, threads: int = 8, piece: int = 64 << 20) -> dict:
             f, off, n = jobs[i]
             got = 0
             while got < n:
-                b = os.pread(fds[f], min(n - got, 16 << 20), off + got)
+                if direct:
+                    want = min(n - got, chunk)
+                    view = memoryview(buf)[:(want + 4095) // 4096 * 4096]
+                    r = os.preadv(fds[f], [view], off + got)
+                    if r <= 0:
+                        break
+                    got += min(r, want)
+                    continue
+                b = os.pread(fds[f], min(n - got, chunk), off + got)
                 if not b:
                     break
                 got += len(b)
@@ -206,8 +225,19 @@ def child(args) -> dict:
                 cold.append(time.perf_counter() - t)
         row["cold_step_s"] = sorted(cold)[len(cold) // 2]
         run2 = loaded.report()["run"]
-        row["disk_waits"] = run2["disk_waits"]
-        row["disk_wait_ms"] = run2["disk_wait_ms"]
+        row["disk_waits"] = run2["disk_waits"] - run1["disk_waits"]
+        row["disk_wait_ms"] = run2["disk_wait_ms"] - run1["disk_wait_ms"]
+        # Were the files kept busy during the cold steps (Note [Read meter])? busy share of
+        # the steps' time, GB/s while busy, mean reads in flight while busy.
+        a, b = run1.get("file_reads"), run2.get("file_reads")
+        if a and b:
+            busy = b["busy_s"] - a["busy_s"]
+            nbytes = b["bytes"] - a["bytes"]
+            row["cold_reads"] = dict(
+                bytes=nbytes, busy_s=busy, busy_share=busy / sum(cold) if sum(cold) else None,
+                gbps_busy=nbytes / busy / GB if busy else None,
+                depth=(b["depth_s"] - a["depth_s"]) / busy if busy else None,
+                reads=b["reads"] - a["reads"])
         return row
     first, times, finite = bc.run_steps(model, inputs, args.steps, cuda)
     row.update(first_step_s=first, step_s=sorted(times)[len(times) // 2], finite=finite)
@@ -263,6 +293,8 @@ def parse_args(argv=None):
     p.add_argument("--host-ram-cap", type=float, default=16.0,
                    help="GiB of host RAM for the ddo_disk rows (DDO_HOST_RAM_CAP_GB)")
     p.add_argument("--keep", action="store_true", help="reuse a model already in --dir")
+    p.add_argument("--disk-probes", action="store_true",
+                   help="also measure cold reads by pattern (threads, piece, O_DIRECT, scattered)")
     p.add_argument("--out")
     p.add_argument("--commit")
     p.add_argument("--child-timeout", type=int, default=300)
@@ -289,6 +321,22 @@ def main(argv=None) -> int:
     result["disk"] = dict(cold=read_bandwidth(args.dir), warm=read_bandwidth(args.dir))
     log(f"disk: cold {result['disk']['cold']['gbps']:.2f} GB/s, "
         f"warm {result['disk']['warm']['gbps']:.2f} GB/s")
+    if args.disk_probes:
+        # How the read pattern moves the cold bandwidth (4 GB each, files dropped first):
+        # piece size, threads, O_DIRECT, and scattered ~unit-sized ranges.
+        probes = {}
+        for name, kw in (("buffered_t16_p8m", dict(threads=16, piece=8 << 20)),
+                         ("buffered_t8_p96m_stride4", dict(threads=8, piece=96 << 20, stride=4)),
+                         ("direct_t8_p16m", dict(threads=8, piece=16 << 20, direct=True)),
+                         ("direct_t16_p8m", dict(threads=16, piece=8 << 20, direct=True)),
+                         ("direct_t4_p64m", dict(threads=4, piece=64 << 20, direct=True))):
+            drop_cache(args.dir)
+            try:
+                probes[name] = read_bandwidth(args.dir, limit=4 << 30, **kw)
+            except OSError as e:
+                probes[name] = dict(error=str(e))
+            log(f"disk probe {name}: {probes[name]}")
+        result["disk"]["probes"] = probes
     caps = [float(c) for c in args.caps.split(",") if c.strip()]
     routes = args.routes.split(",")
 

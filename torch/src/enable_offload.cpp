@@ -1522,6 +1522,15 @@ nlohmann::json Offload::report() const {
     run["disk_waits"] = st.disk_waits;
     run["disk_wait_ms"] = st.disk_wait_ms;
   }
+  if (s.weights) {
+    // The files' reads since the load began (load and disk tier; Note [Read meter]): whether the
+    // disk was kept busy, and how many reads were in flight while it was.
+    const core::ReadStats rs = s.weights->read_stats();
+    run["file_reads"] = {{"bytes", rs.bytes},
+                         {"reads", rs.reads},
+                         {"busy_s", rs.busy_seconds},
+                         {"depth_s", rs.depth_seconds}};
+  }
   if (s.probe) {
     const MemorySnapshot snap = s.probe->snapshot();
     run["total_vram_bytes"] = snap.total_bytes;

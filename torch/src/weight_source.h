@@ -53,6 +53,8 @@ class WeightSource {
   // Seconds from the first read to the last (0 before any).
   double seconds() const { return seconds_; }
   const core::Checkpoint& checkpoint() const { return checkpoint_; }
+  // Every read of the files so far, the load's and the disk tier's (Note [Read meter]).
+  core::ReadStats read_stats() const { return reader_->stats(); }
   const LoadOptions& options() const { return options_; }
 
  private:

@@ -139,6 +139,17 @@ struct ReadJob {
 /// Called from reader threads with the bytes done so far and the total; must be thread-safe.
 using ReadProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
+/// What a CheckpointReader has read since it was opened (Note [Read meter]). `busy_seconds` is
+/// the wall time with at least one read running; `depth_seconds` integrates the number running
+/// over time, so depth_seconds / busy_seconds is the mean number of reads in flight while busy,
+/// and bytes / busy_seconds the bandwidth the reads saw.
+struct ReadStats {
+  std::uint64_t bytes = 0;     ///< SUM: bytes read
+  std::uint64_t reads = 0;     ///< COUNT: read() calls that read bytes (pieces of read_all too)
+  double busy_seconds = 0.0;   ///< wall time with at least one read in flight
+  double depth_seconds = 0.0;  ///< integral of the reads in flight over time
+};
+
 /// Reads tensors of an opened checkpoint with pread(); one open descriptor per file, shared by
 /// all threads. Safe to call from several threads at once.
 class CheckpointReader {
@@ -164,6 +175,9 @@ class CheckpointReader {
 
   /// The checkpoint being read.
   const Checkpoint& checkpoint() const;
+
+  /// Totals of every read so far, from any thread (Note [Read meter]).
+  ReadStats stats() const;
 
  private:
   CheckpointReader() = default;
