@@ -4,6 +4,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -129,6 +132,10 @@ class File {
   std::int64_t read_at(void* dst, std::uint64_t bytes, std::uint64_t offset,
                        std::string* error) const;
 
+  // Asks the OS to drop the page-cache pages wholly inside [offset, offset + bytes). A hint: no
+  // error, and nothing on systems without posix_fadvise.
+  void drop_cached(std::uint64_t offset, std::uint64_t bytes) const;
+
  private:
 #ifdef _WIN32
   using Handle = HANDLE;
@@ -193,6 +200,8 @@ std::int64_t File::read_at(void* dst, std::uint64_t bytes, std::uint64_t offset,
   return static_cast<std::int64_t>(got);
 }
 
+void File::drop_cached(std::uint64_t, std::uint64_t) const {}  // Windows: no such hint
+
 void File::close() {
   if (handle_ != kNoHandle) ::CloseHandle(handle_);
   handle_ = kNoHandle;
@@ -243,6 +252,16 @@ std::int64_t File::read_at(void* dst, std::uint64_t bytes, std::uint64_t offset,
     *error = errno_text(errno);
     return -1;
   }
+}
+
+void File::drop_cached(std::uint64_t offset, std::uint64_t bytes) const {
+#if defined(POSIX_FADV_DONTNEED)
+  (void)::posix_fadvise(handle_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
+                        POSIX_FADV_DONTNEED);
+#else
+  (void)offset;
+  (void)bytes;
+#endif
 }
 
 void File::close() {
@@ -941,16 +960,153 @@ class ReadMeter {
   ReadStats stats_;          // guarded by mutex_
 };
 
+// Note [Read queue]
+// ~~~~~~~~~~~~~~~~~
+// The disk tier reads a unit of tens to a hundred MB at a time on each of the copy scheduler's
+// reader threads. Splitting each unit over threads of its own kept the drive's queue uneven: deep
+// while two units were read, shallow at each unit's tail and whenever the ring let only one be
+// read (measured: 11 reads in flight on average and 0.89 of the drive's sequential bandwidth
+// while busy). A drive reads fastest with a steady number of large requests in flight, as a
+// sequential sweep has. So the reader owns one queue of pieces served first come first served by
+// a fixed set of threads: a call appends its pieces as one batch and waits for them; a worker
+// takes the next piece of the oldest batch that has one left, so the pieces of the unit read next
+// follow the tail of the current one without a gap, and the depth stays at the worker count
+// however many callers there are. The workers start on the first call and stop with the reader;
+// one mutex guards the batches (a lock per piece of milliseconds). A failed piece stops its batch
+// from handing out more; the caller returns once the pieces already running are done, since their
+// destinations are the caller's.
+class ReadQueue {
+ public:
+  using ReadPiece = std::function<Status(const ReadJob& job, std::uint64_t start,
+                                         std::uint64_t bytes, bool drop_behind)>;
+  ReadQueue(int workers, ReadPiece read) : workers_(workers), read_(std::move(read)) {}
+  ~ReadQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  ReadQueue(const ReadQueue&) = delete;
+  ReadQueue& operator=(const ReadQueue&) = delete;
+
+  Status run(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes, bool drop_behind) {
+    Batch batch;
+    batch.jobs = &jobs;
+    batch.piece_bytes = piece_bytes;
+    batch.drop_behind = drop_behind;
+    batch.first_piece.assign(jobs.size() + 1, 0);
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      batch.first_piece[j + 1] =
+          batch.first_piece[j] + (jobs[j].bytes + piece_bytes - 1) / piece_bytes;
+    }
+    batch.pieces = batch.first_piece.back();
+    if (batch.pieces == 0) return Status::ok_status();
+    std::unique_lock<std::mutex> lock(mutex_);
+    start_workers();
+    if (threads_.empty()) {  // no thread could start: read on the caller's thread
+      lock.unlock();
+      for (std::uint64_t p = 0; p < batch.pieces; ++p) {
+        DDO_RETURN_IF_ERROR(read_piece(batch, p));
+      }
+      return Status::ok_status();
+    }
+    batches_.push_back(&batch);
+    work_.notify_all();
+    batch.done_cv.wait(lock, [&] { return batch.finished(); });
+    return std::move(batch.error);
+  }
+
+ private:
+  struct Batch {
+    const std::vector<ReadJob>* jobs = nullptr;
+    std::vector<std::uint64_t> first_piece;  // job j's pieces are [first_piece[j], [j + 1])
+    std::uint64_t piece_bytes = 0;
+    std::uint64_t pieces = 0;
+    bool drop_behind = false;
+    std::uint64_t taken = 0;  // guarded by ReadQueue::mutex_, as are the fields below
+    std::uint64_t done = 0;
+    bool failed = false;
+    Status error;
+    std::condition_variable done_cv;
+    bool exhausted() const { return failed || taken == pieces; }
+    bool finished() const { return exhausted() && done == taken; }
+  };
+
+  Status read_piece(const Batch& b, std::uint64_t piece) {
+    const auto j = static_cast<std::size_t>(
+        std::upper_bound(b.first_piece.begin(), b.first_piece.end(), piece) -
+        b.first_piece.begin() - 1);
+    const ReadJob& job = (*b.jobs)[j];
+    const std::uint64_t start = (piece - b.first_piece[j]) * b.piece_bytes;
+    return read_(job, start, std::min(b.piece_bytes, job.bytes - start), b.drop_behind);
+  }
+
+  void start_workers() {  // under mutex_
+    if (started_) return;
+    started_ = true;
+    for (int i = 0; i < workers_; ++i) {
+      try {
+        threads_.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        break;  // fewer workers
+      }
+    }
+  }
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [&] { return stop_ || !batches_.empty(); });
+      if (stop_) return;
+      Batch* b = batches_.front();
+      const std::uint64_t piece = b->taken++;
+      if (b->exhausted()) batches_.pop_front();
+      lock.unlock();
+      Status status = read_piece(*b, piece);
+      lock.lock();
+      ++b->done;
+      if (!status.ok() && !b->failed) {
+        b->failed = true;
+        b->error = std::move(status);
+        // Hand out no more of it: drop it from the queue if still there.
+        for (auto it = batches_.begin(); it != batches_.end(); ++it) {
+          if (*it == b) {
+            batches_.erase(it);
+            break;
+          }
+        }
+      }
+      if (b->finished()) b->done_cv.notify_one();  // b may be gone once the lock is released
+    }
+  }
+
+  const int workers_;
+  const ReadPiece read_;
+  std::mutex mutex_;
+  std::condition_variable work_;
+  std::deque<Batch*> batches_;  // guarded by mutex_: batches with pieces left to hand out
+  bool stop_ = false;           // guarded by mutex_
+  bool started_ = false;        // guarded by mutex_
+  std::vector<std::thread> threads_;
+};
+
 struct CheckpointReader::Impl {
   const Checkpoint* checkpoint = nullptr;
   std::vector<File> files;  // parallel to checkpoint->files
   ReadMeter meter;
+  std::unique_ptr<ReadQueue> queue;  // Note [Read queue]
 };
 
 CheckpointReader::~CheckpointReader() = default;
 
-Status CheckpointReader::open(const Checkpoint& checkpoint,
-                              std::unique_ptr<CheckpointReader>* out) {
+Status CheckpointReader::open(const Checkpoint& checkpoint, std::unique_ptr<CheckpointReader>* out,
+                              int queue_workers) {
+  if (queue_workers < 1 || queue_workers > 256) {
+    return Status(Code::kInvalidArgument,
+                  fmt::format("queue_workers={} is out of range; use 1..256", queue_workers));
+  }
   DDO_ASSERT(checkpoint.files.size() == checkpoint.file_bytes.size(), "files ",
              checkpoint.files.size(), " sizes ", checkpoint.file_bytes.size());
   auto impl = std::make_unique<Impl>();
@@ -976,6 +1132,12 @@ Status CheckpointReader::open(const Checkpoint& checkpoint,
     impl->files.push_back(std::move(file));
   }
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+  const CheckpointReader* self = reader.get();
+  impl->queue = std::make_unique<ReadQueue>(
+      queue_workers,
+      [self](const ReadJob& job, std::uint64_t start, std::uint64_t bytes, bool drop_behind) {
+        return self->read_piece(job, start, bytes, drop_behind);
+      });
   reader->impl_ = std::move(impl);
   *out = std::move(reader);
   return Status::ok_status();
@@ -1020,6 +1182,37 @@ Status CheckpointReader::read(const CheckpointTensor& tensor, std::uint64_t offs
                  bytes, tensor.offset + offset);
   impl_->meter.end(status.ok() ? bytes : 0);
   return status;
+}
+
+Status CheckpointReader::read_piece(const ReadJob& job, std::uint64_t start, std::uint64_t bytes,
+                                    bool drop_behind) const {
+  const Checkpoint& ckpt = *impl_->checkpoint;
+  if (job.tensor >= ckpt.tensors.size()) {
+    return Status(Code::kInvalidArgument,
+                  fmt::format("read_queued: a job names tensor {} but the checkpoint has {}",
+                              job.tensor, ckpt.tensors.size()));
+  }
+  const CheckpointTensor& tensor = ckpt.tensors[job.tensor];
+  if (job.offset > tensor.bytes || job.bytes > tensor.bytes - job.offset) {
+    return Status(Code::kInvalidArgument,
+                  fmt::format("read_queued: a job reads {} bytes at offset {} of tensor '{}', "
+                              "which holds {} bytes",
+                              job.bytes, job.offset, tensor.name, tensor.bytes));
+  }
+  DDO_RETURN_IF_ERROR(read(tensor, job.offset + start, static_cast<char*>(job.dst) + start, bytes));
+  if (drop_behind) {
+    impl_->files[static_cast<std::size_t>(tensor.file)].drop_cached(
+        tensor.offset + job.offset + start, bytes);
+  }
+  return Status::ok_status();
+}
+
+Status CheckpointReader::read_queued(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes,
+                                     bool drop_behind) const {
+  if (piece_bytes == 0) {
+    return Status(Code::kInvalidArgument, "read_queued: piece_bytes is 0; pass at least 1");
+  }
+  return impl_->queue->run(jobs, piece_bytes, drop_behind);
 }
 
 ReadStats CheckpointReader::stats() const {

@@ -15,7 +15,14 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -547,6 +554,139 @@ TEST_F(CheckpointTest, ReadOutsideTheTensorIsInvalidArgument) {
   ASSERT_TRUE(reader->read(ckpt.tensors[0], 4, buf, 8).ok());
   EXPECT_EQ(std::string(buf, 8), pattern("w", 16).substr(4, 8));
 }
+
+// Note [Read queue]: callers on several threads share the queue's workers; each gets its own
+// bytes, whole, and returns only once they are read.
+TEST_F(CheckpointTest, ReadQueuedFromSeveralCallersReadsEveryByte) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 12; ++i) specs.push_back({"t" + std::to_string(i), "F32", {250 + 37 * i}});
+  const std::string path = put("w.safetensors", safetensors_file(specs));
+  Checkpoint ckpt;
+  ASSERT_TRUE(open_checkpoint(path, &ckpt).ok());
+  std::unique_ptr<CheckpointReader> reader;
+  ASSERT_TRUE(CheckpointReader::open(ckpt, &reader, /*queue_workers=*/3).ok());
+  const ReadStats before = reader->stats();
+
+  // Six callers, each reading two tensors (the second from an offset) in 64-byte pieces, three
+  // rounds each, drop_behind on for half of them.
+  constexpr int kCallers = 6;
+  std::vector<Status> statuses(kCallers);
+  std::vector<std::vector<std::string>> out(kCallers);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int round = 0; round < 3 && statuses[c].ok(); ++round) {
+        const CheckpointTensor& a = ckpt.tensors[static_cast<std::size_t>(2 * c)];
+        const CheckpointTensor& b = ckpt.tensors[static_cast<std::size_t>(2 * c + 1)];
+        out[c] = {std::string(a.bytes, '\0'), std::string(b.bytes - 12, '\0')};
+        statuses[c] =
+            reader->read_queued({{ckpt.by_name.at(a.name), 0, a.bytes, out[c][0].data()},
+                                 {ckpt.by_name.at(b.name), 12, b.bytes - 12, out[c][1].data()}},
+                                /*piece_bytes=*/64, /*drop_behind=*/c % 2 == 0);
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  std::uint64_t bytes = 0;
+  for (int c = 0; c < kCallers; ++c) {
+    ASSERT_TRUE(statuses[c].ok()) << statuses[c].to_string();
+    const CheckpointTensor& a = ckpt.tensors[static_cast<std::size_t>(2 * c)];
+    const CheckpointTensor& b = ckpt.tensors[static_cast<std::size_t>(2 * c + 1)];
+    EXPECT_EQ(out[c][0], pattern(a.name, a.bytes)) << a.name;
+    EXPECT_EQ(out[c][1], pattern(b.name, b.bytes).substr(12)) << b.name;
+    bytes += 3 * (a.bytes + b.bytes - 12);
+  }
+  // The meter saw every byte, and while busy no more reads in flight than the three workers.
+  const ReadStats after = reader->stats();
+  EXPECT_EQ(after.bytes - before.bytes, bytes);
+  EXPECT_GE(after.reads - before.reads, bytes / 64);
+  EXPECT_GT(after.busy_seconds, before.busy_seconds);
+  const double depth =
+      (after.depth_seconds - before.depth_seconds) / (after.busy_seconds - before.busy_seconds);
+  EXPECT_GE(depth, 1.0 - 1e-9);
+  EXPECT_LE(depth, 3.0 + 1e-9);
+
+  // An empty call returns at once; bad arguments are errors naming them.
+  EXPECT_TRUE(reader->read_queued({}).ok());
+  char buf[8];
+  EXPECT_TRUE(fails_with(reader->read_queued({{0, 0, 8, buf}}, 0), Code::kInvalidArgument,
+                         {"piece_bytes"}));
+  EXPECT_TRUE(
+      fails_with(reader->read_queued({{99, 0, 8, buf}}), Code::kInvalidArgument, {"tensor 99"}));
+  std::unique_ptr<CheckpointReader> bad;
+  EXPECT_TRUE(fails_with(CheckpointReader::open(ckpt, &bad, 0), Code::kInvalidArgument,
+                         {"queue_workers=0", "1..256"}));
+}
+
+// A failed piece fails its own call with the reader's message; the queue serves later calls.
+TEST_F(CheckpointTest, ReadQueuedFailureReturnsTheErrorAndTheQueueGoesOn) {
+  const std::string path = put(
+      "w.safetensors", safetensors_file({{"first", "F32", {64}}, {"last.weight", "F32", {512}}}));
+  Checkpoint ckpt;
+  ASSERT_TRUE(open_checkpoint(path, &ckpt).ok());
+  std::unique_ptr<CheckpointReader> reader;
+  ASSERT_TRUE(CheckpointReader::open(ckpt, &reader, 2).ok());
+  fs::resize_file(path, fs::file_size(path) - 1000);
+  const CheckpointTensor& last = *ckpt.find("last.weight");
+  std::string buf(last.bytes, '\0');
+  EXPECT_TRUE(
+      fails_with(reader->read_queued({{ckpt.by_name.at("last.weight"), 0, last.bytes, buf.data()}},
+                                     /*piece_bytes=*/100),
+                 Code::kDataLoss, {"file truncated", path, "'last.weight'"}));
+  std::string head(256, '\0');
+  ASSERT_TRUE(reader->read_queued({{ckpt.by_name.at("first"), 0, 256, head.data()}}, 16).ok());
+  EXPECT_EQ(head, pattern("first", 256));
+}
+
+#if defined(__linux__)
+// drop_behind leaves the bytes it read out of the page cache (Note [Disk unit reads]). Skips on a
+// file system that keeps pages whatever it is told (tmpfs), saying so.
+TEST_F(CheckpointTest, ReadQueuedDropBehindLeavesThePagesUncached) {
+  const std::uint64_t n = std::uint64_t{8} << 20;
+  const std::string path =
+      put("w.safetensors", safetensors_file({{"w", "U8", {static_cast<std::int64_t>(n)}}}));
+  Checkpoint ckpt;
+  ASSERT_TRUE(open_checkpoint(path, &ckpt).ok());
+  std::unique_ptr<CheckpointReader> reader;
+  ASSERT_TRUE(CheckpointReader::open(ckpt, &reader, 2).ok());
+  const CheckpointTensor& w = ckpt.tensors[0];
+  // Pages of [w.offset, w.offset + n) in the page cache.
+  const auto cached_pages = [&]() -> long {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    const std::uint64_t begin = (w.offset + page - 1) / page * page;
+    const std::uint64_t end = (w.offset + n) / page * page;
+    void* map = ::mmap(nullptr, end - begin, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(begin));
+    std::vector<unsigned char> vec((end - begin) / page);
+    long resident = -1;
+    if (map != MAP_FAILED && ::mincore(map, end - begin, vec.data()) == 0) {
+      resident = 0;
+      for (unsigned char v : vec) resident += v & 1;
+    }
+    if (map != MAP_FAILED) ::munmap(map, end - begin);
+    ::close(fd);
+    return resident;
+  };
+  std::string out(n, '\0');
+  ASSERT_TRUE(reader->read_queued({{0, 0, n, out.data()}}, std::uint64_t{1} << 20, false).ok());
+  const long kept = cached_pages();
+  ASSERT_GE(kept, 0) << "mincore failed";
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ::fsync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  if (cached_pages() == kept && kept > 0) {
+    GTEST_SKIP() << "this file system keeps pages after POSIX_FADV_DONTNEED (tmpfs?): "
+                    "drop_behind cannot be observed here";
+  }
+  ASSERT_TRUE(reader->read_queued({{0, 0, n, out.data()}}, std::uint64_t{1} << 20, true).ok());
+  EXPECT_EQ(out, pattern("w", n));
+  // At most the pages at piece edges (one per piece) and a read-ahead tail stay cached.
+  EXPECT_LE(cached_pages(), kept / 4) << "of " << kept << " pages cached by a plain read";
+}
+#endif
 
 TEST_F(CheckpointTest, ReadAllWithFourWorkersAndSmallPieces) {
   const std::vector<TensorSpec> specs = {

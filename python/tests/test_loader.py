@@ -102,8 +102,12 @@ DEVICES = ["sim", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA GPU: the CUDA case of the resident upload"))]
 
 
-def data_ptrs(module):
-    return {name: p.data_ptr() for name, p in module.named_parameters()}
+def held_params(module):
+    # References to every parameter's memory as it is now. Holding them keeps that memory alive,
+    # so a later parameter at the same address is that memory, not a freed block the allocator
+    # handed out again (on CUDA the attach frees host copies of tensors it moves to the device, and
+    # remove() may get the same address back for their new copies).
+    return {name: p.detach() for name, p in module.named_parameters()}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -129,7 +133,7 @@ def test_deferred_load_pins_and_the_attach_streams_from_the_pins(flux_dirs, devi
     assert pins["pageable_bytes"] == 0, pins
     assert pins["device"] == device + ":0", pins
     assert_same_state(loaded.module, library)
-    before = data_ptrs(loaded.module)
+    before = held_params(loaded.module)
     if device == "cuda":
         assert any(p.is_pinned() for p in loaded.module.parameters())
     for attach in range(2):
@@ -148,8 +152,8 @@ def test_deferred_load_pins_and_the_attach_streams_from_the_pins(flux_dirs, devi
         offload.remove()
         # Each adopted weight is the loader's tensor again (the same memory), so the next attach
         # adopts it once more; every value is the library's.
-        after = data_ptrs(loaded.module)
-        same = sum(after[name] == ptr for name, ptr in before.items())
+        after = dict(loaded.module.named_parameters())
+        same = sum(after[name].data_ptr() == t.data_ptr() for name, t in before.items())
         assert same == setup["loader_pins"]["adopted_units"], f"attach {attach}"
         assert_same_state(loaded.module, library)
 

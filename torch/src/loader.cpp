@@ -149,10 +149,11 @@ std::string slot_name(const ModuleEntry& entry, const TensorSlot& slot) {
 
 WeightSource::WeightSource(core::Checkpoint checkpoint, LoadOptions options)
     : checkpoint_(std::move(checkpoint)), options_(std::move(options)) {
-  throw_if_error(core::CheckpointReader::open(checkpoint_, &reader_));
   workers_ = options_.read_workers > 0
                  ? options_.read_workers
                  : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 4, 16);
+  // The disk tier's queue (Note [Disk unit reads]): half the load's workers, at least 2.
+  throw_if_error(core::CheckpointReader::open(checkpoint_, &reader_, std::max(2, workers_ / 2)));
 }
 
 WeightSource::~WeightSource() = default;
@@ -310,9 +311,13 @@ void WeightSource::read(const std::vector<Read>& reads, const RecordEvent& event
 Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const {
   // Note [Disk unit reads]: one pread at a time reaches about 0.8 of an NVMe drive's sequential
   // bandwidth, with the scheduler's two reader threads each reading one unit; the drive needs
-  // more requests in flight. So a unit's tensors are read in 8 MiB pieces by several threads,
-  // half of the load's workers per unit (the two readers together keep all of them busy). The
-  // threads live for one unit read (tens of microseconds against milliseconds of reading).
+  // more requests in flight, and a steady number of them. So a unit's tensors go through the
+  // reader's shared queue (Note [Read queue] in checkpoint.cpp) in 16 MiB pieces, on half the
+  // load's workers: the next unit's pieces follow the current one's tail, and the depth is the
+  // same whether one unit or two are being read. Each piece is dropped from the page cache once
+  // read: these bytes are read again every step precisely because host RAM is not to hold them,
+  // and cached they would take the RAM the budget leaves to the rest of the host (and make a
+  // capped run on a large host faster than the host it stands for).
   std::vector<core::ReadJob> direct;
   for (const Read& r : reads) {
     const core::CheckpointTensor& t = find(r.name);
@@ -322,8 +327,8 @@ Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const
     }
   }
   if (!direct.empty()) {
-    DDO_RETURN_IF_ERROR(
-        reader_->read_all(direct, std::max(2, workers_ / 2), {}, std::uint64_t{8} << 20));
+    DDO_RETURN_IF_ERROR(reader_->read_queued(direct, core::CheckpointReader::kQueuePieceBytes,
+                                             /*drop_behind=*/true));
   }
   for (const Read& r : reads) {
     const core::CheckpointTensor& t = find(r.name);

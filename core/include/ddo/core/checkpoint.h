@@ -156,7 +156,9 @@ class CheckpointReader {
  public:
   /// Opens every file of `checkpoint` (which must outlive the reader); fails if a file is gone
   /// or its size changed since open_checkpoint (kDataLoss, naming it).
-  static Status open(const Checkpoint& checkpoint, std::unique_ptr<CheckpointReader>* out);
+  /// `queue_workers`: threads of read_queued's queue, started on its first call (1..256).
+  static Status open(const Checkpoint& checkpoint, std::unique_ptr<CheckpointReader>* out,
+                     int queue_workers = 8);
   ~CheckpointReader();
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
@@ -173,6 +175,20 @@ class CheckpointReader {
   Status read_all(const std::vector<ReadJob>& jobs, int workers, const ReadProgress& progress = {},
                   std::uint64_t piece_bytes = std::uint64_t{64} << 20) const;
 
+  /// Reads `jobs` through the reader's shared queue (Note [Read queue]): pieces of at most
+  /// `piece_bytes`, served first come first served by `queue_workers` threads (open()) that live
+  /// as long as the reader, so callers on several threads together keep that many reads in
+  /// flight, whatever each asks for. Blocks until this call's pieces are read; returns the first
+  /// error among them (after the pieces already running have finished). `drop_behind`: each
+  /// piece's pages are dropped from the page cache once read (posix_fadvise DONTNEED), for bytes
+  /// read again every step that host RAM is not meant to hold (the disk tier).
+  Status read_queued(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes = kQueuePieceBytes,
+                     bool drop_behind = false) const;
+
+  /// Piece size of read_queued: large enough that each read is sequential for the drive, small
+  /// enough that one unit of a hundred MB spreads over the queue's workers.
+  static constexpr std::uint64_t kQueuePieceBytes = std::uint64_t{16} << 20;
+
   /// The checkpoint being read.
   const Checkpoint& checkpoint() const;
 
@@ -181,6 +197,8 @@ class CheckpointReader {
 
  private:
   CheckpointReader() = default;
+  Status read_piece(const ReadJob& job, std::uint64_t start, std::uint64_t bytes,
+                    bool drop_behind) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
