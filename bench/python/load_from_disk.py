@@ -229,6 +229,10 @@ def child(args) -> dict:
                 model(**inputs, return_dict=False)
         bc.sync(cuda)
         cold = [(time.perf_counter() - t) / args.steps] * args.steps
+        # Right after the sync, as run1 was: the read-ahead into the next step is then in the
+        # same state at both ends, so the differences are the stretch's own reads. (Taken later,
+        # they would count the ring the read-ahead fills meanwhile: 8abc593's run did.)
+        run2 = loaded.report()["run"]
         row["cold_step_s"] = cold[0]
         row["page_cache_after_cold"] = cached_fraction(args.dir)
         # The drive's sequential bandwidth again, right after the stretch: a network or cloud
@@ -236,7 +240,6 @@ def child(args) -> dict:
         # the only fair bound. 4 GB, files dropped first, the same reader as the first sweep.
         drop_cache(args.dir)
         row["disk_after"] = read_bandwidth(args.dir, limit=4 << 30)
-        run2 = loaded.report()["run"]
         row["disk_bytes_per_cold_step"] = (run2["disk_bytes_read"] - run1["disk_bytes_read"]) / (
             args.steps)
         row["disk_waits"] = run2["disk_waits"] - run1["disk_waits"]

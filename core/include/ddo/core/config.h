@@ -137,8 +137,9 @@ struct DynamicOffloadConfig {
   /// DDO_HOST_RAM_CAP_GB: emulate a host where ddo may hold at most this much RAM for the streamed
   /// weights (their pinned and pageable host copies and the disk ring); 0 = off. Weights that the
   /// loader reads from a checkpoint and that do not fit stay in the file and are read every step
-  /// (the planner's disk tier, Note [Disk tier plan] in planner_tiers.cpp). Residents and move-once
-  /// tensors live on the device and do not count.
+  /// (the planner's disk tier, Note [Disk tier plan] in planner_tiers.cpp); their pages are dropped
+  /// from the page cache as they are read, so they are read from the drive every step, as on the
+  /// host the cap stands for. Residents and move-once tensors live on the device and do not count.
   double host_ram_cap_gb = 0.0;
   double sim_device_capacity_gb = 0.0;  ///< DDO_SIM_DEVICE_GB: capacity of the "sim" device; 0 = 8
   double sim_copy_gbps = 0.0;  ///< DDO_SIM_COPY_GBPS: simulated link speed; 0 = unthrottled
