@@ -960,12 +960,79 @@ class ReadMeter {
   ReadStats stats_;          // guarded by mutex_
 };
 
+// Jobs cut into pieces of at most piece_bytes, numbered across all jobs (Note [Parallel
+// checkpoint reads]); validated once, before any byte is read.
+class PiecePlan {
+ public:
+  struct Piece {
+    const ReadJob* job = nullptr;
+    std::uint64_t start = 0;  // within the job
+    std::uint64_t bytes = 0;
+  };
+
+  // Checks every job against `ckpt` (tensor index, range inside the tensor, a destination) and
+  // numbers the pieces; `caller` names the API in messages.
+  static Status make(const Checkpoint& ckpt, const std::vector<ReadJob>& jobs,
+                     std::uint64_t piece_bytes, std::string_view caller, PiecePlan* out) {
+    if (piece_bytes == 0) {
+      return Status(Code::kInvalidArgument,
+                    fmt::format("{}: piece_bytes is 0; pass at least 1", caller));
+    }
+    PiecePlan plan;
+    plan.jobs_ = &jobs;
+    plan.piece_bytes_ = piece_bytes;
+    plan.first_piece_.assign(jobs.size() + 1, 0);
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      const ReadJob& job = jobs[j];
+      if (job.tensor >= ckpt.tensors.size()) {
+        return Status(Code::kInvalidArgument,
+                      fmt::format("{}: job {} names tensor {} but the checkpoint has {}", caller, j,
+                                  job.tensor, ckpt.tensors.size()));
+      }
+      const CheckpointTensor& tensor = ckpt.tensors[job.tensor];
+      if (job.offset > tensor.bytes || job.bytes > tensor.bytes - job.offset) {
+        return Status(Code::kInvalidArgument,
+                      fmt::format("{}: job {} reads {} bytes at offset {} of tensor '{}', "
+                                  "which holds {} bytes",
+                                  caller, j, job.bytes, job.offset, tensor.name, tensor.bytes));
+      }
+      if (job.bytes > 0 && job.dst == nullptr) {
+        return Status(Code::kInvalidArgument, fmt::format("{}: job {} (tensor '{}') has a null dst",
+                                                          caller, j, tensor.name));
+      }
+      plan.first_piece_[j + 1] = plan.first_piece_[j] + (job.bytes + piece_bytes - 1) / piece_bytes;
+      plan.total_bytes_ += job.bytes;
+    }
+    *out = std::move(plan);
+    return Status::ok_status();
+  }
+
+  std::uint64_t pieces() const { return first_piece_.empty() ? 0 : first_piece_.back(); }
+  std::uint64_t total_bytes() const { return total_bytes_; }
+
+  // Piece `n` (< pieces()): its job by binary search over the jobs' first piece numbers, so
+  // pieces are never materialised (O(jobs) memory even for a tiny piece size).
+  Piece at(std::uint64_t n) const {
+    const auto j = static_cast<std::size_t>(
+        std::upper_bound(first_piece_.begin(), first_piece_.end(), n) - first_piece_.begin() - 1);
+    const ReadJob& job = (*jobs_)[j];
+    const std::uint64_t start = (n - first_piece_[j]) * piece_bytes_;
+    return {&job, start, std::min(piece_bytes_, job.bytes - start)};
+  }
+
+ private:
+  const std::vector<ReadJob>* jobs_ = nullptr;
+  std::vector<std::uint64_t> first_piece_;  // job j's pieces are [first_piece_[j], [j + 1])
+  std::uint64_t piece_bytes_ = 0;
+  std::uint64_t total_bytes_ = 0;
+};
+
 // Note [Read queue]
 // ~~~~~~~~~~~~~~~~~
 // The disk tier reads a unit of tens to a hundred MB at a time on each of the copy scheduler's
-// reader threads. Splitting each unit over threads of its own kept the drive's queue uneven: deep
+// reader threads. Splitting each unit over threads of its own made the drive's queue uneven: deep
 // while two units were read, shallow at each unit's tail and whenever the ring let only one be
-// read (measured: 11 reads in flight on average and 0.89 of the drive's sequential bandwidth
+// read (11 reads in flight on average on an H100 machine's disk, 0.89 of its sequential sweep
 // while busy). A drive reads fastest with a steady number of large requests in flight, as a
 // sequential sweep has. So the reader owns one queue of pieces served first come first served by
 // a fixed set of threads: a call appends its pieces as one batch and waits for them; a worker
@@ -974,11 +1041,12 @@ class ReadMeter {
 // however many callers there are. The workers start on the first call and stop with the reader;
 // one mutex guards the batches (a lock per piece of milliseconds). A failed piece stops its batch
 // from handing out more; the caller returns once the pieces already running are done, since their
-// destinations are the caller's.
+// destinations are the caller's. Measured since (bench/results/2026-12-06-h100-8abc593-disk-queue):
+// 7 reads in flight and the files busy for the whole disk-bound stretch; a gain over the per-unit
+// threads was not isolated (the two runs had different machines and methods).
 class ReadQueue {
  public:
-  using ReadPiece = std::function<Status(const ReadJob& job, std::uint64_t start,
-                                         std::uint64_t bytes, bool drop_behind)>;
+  using ReadPiece = std::function<Status(const PiecePlan::Piece& piece, bool drop_behind)>;
   ReadQueue(int workers, ReadPiece read) : workers_(workers), read_(std::move(read)) {}
   ~ReadQueue() {
     {
@@ -991,24 +1059,18 @@ class ReadQueue {
   ReadQueue(const ReadQueue&) = delete;
   ReadQueue& operator=(const ReadQueue&) = delete;
 
-  Status run(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes, bool drop_behind) {
+  Status run(const PiecePlan& plan, bool drop_behind) {
     Batch batch;
-    batch.jobs = &jobs;
-    batch.piece_bytes = piece_bytes;
+    batch.plan = &plan;
+    batch.pieces = plan.pieces();
     batch.drop_behind = drop_behind;
-    batch.first_piece.assign(jobs.size() + 1, 0);
-    for (std::size_t j = 0; j < jobs.size(); ++j) {
-      batch.first_piece[j + 1] =
-          batch.first_piece[j] + (jobs[j].bytes + piece_bytes - 1) / piece_bytes;
-    }
-    batch.pieces = batch.first_piece.back();
     if (batch.pieces == 0) return Status::ok_status();
     std::unique_lock<std::mutex> lock(mutex_);
     start_workers();
     if (threads_.empty()) {  // no thread could start: read on the caller's thread
       lock.unlock();
       for (std::uint64_t p = 0; p < batch.pieces; ++p) {
-        DDO_RETURN_IF_ERROR(read_piece(batch, p));
+        DDO_RETURN_IF_ERROR(read_(plan.at(p), drop_behind));
       }
       return Status::ok_status();
     }
@@ -1020,9 +1082,7 @@ class ReadQueue {
 
  private:
   struct Batch {
-    const std::vector<ReadJob>* jobs = nullptr;
-    std::vector<std::uint64_t> first_piece;  // job j's pieces are [first_piece[j], [j + 1])
-    std::uint64_t piece_bytes = 0;
+    const PiecePlan* plan = nullptr;
     std::uint64_t pieces = 0;
     bool drop_behind = false;
     std::uint64_t taken = 0;  // guarded by ReadQueue::mutex_, as are the fields below
@@ -1033,15 +1093,6 @@ class ReadQueue {
     bool exhausted() const { return failed || taken == pieces; }
     bool finished() const { return exhausted() && done == taken; }
   };
-
-  Status read_piece(const Batch& b, std::uint64_t piece) {
-    const auto j = static_cast<std::size_t>(
-        std::upper_bound(b.first_piece.begin(), b.first_piece.end(), piece) -
-        b.first_piece.begin() - 1);
-    const ReadJob& job = (*b.jobs)[j];
-    const std::uint64_t start = (piece - b.first_piece[j]) * b.piece_bytes;
-    return read_(job, start, std::min(b.piece_bytes, job.bytes - start), b.drop_behind);
-  }
 
   void start_workers() {  // under mutex_
     if (started_) return;
@@ -1064,7 +1115,7 @@ class ReadQueue {
       const std::uint64_t piece = b->taken++;
       if (b->exhausted()) batches_.pop_front();
       lock.unlock();
-      Status status = read_piece(*b, piece);
+      Status status = read_(b->plan->at(piece), b->drop_behind);
       lock.lock();
       ++b->done;
       if (!status.ok() && !b->failed) {
@@ -1134,9 +1185,8 @@ Status CheckpointReader::open(const Checkpoint& checkpoint, std::unique_ptr<Chec
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
   const CheckpointReader* self = reader.get();
   impl->queue = std::make_unique<ReadQueue>(
-      queue_workers,
-      [self](const ReadJob& job, std::uint64_t start, std::uint64_t bytes, bool drop_behind) {
-        return self->read_piece(job, start, bytes, drop_behind);
+      queue_workers, [self](const PiecePlan::Piece& piece, bool drop_behind) {
+        return self->read_piece(*piece.job, piece.start, piece.bytes, drop_behind);
       });
   reader->impl_ = std::move(impl);
   *out = std::move(reader);
@@ -1184,21 +1234,10 @@ Status CheckpointReader::read(const CheckpointTensor& tensor, std::uint64_t offs
   return status;
 }
 
+// A piece of a job that PiecePlan::make validated.
 Status CheckpointReader::read_piece(const ReadJob& job, std::uint64_t start, std::uint64_t bytes,
                                     bool drop_behind) const {
-  const Checkpoint& ckpt = *impl_->checkpoint;
-  if (job.tensor >= ckpt.tensors.size()) {
-    return Status(Code::kInvalidArgument,
-                  fmt::format("read_queued: a job names tensor {} but the checkpoint has {}",
-                              job.tensor, ckpt.tensors.size()));
-  }
-  const CheckpointTensor& tensor = ckpt.tensors[job.tensor];
-  if (job.offset > tensor.bytes || job.bytes > tensor.bytes - job.offset) {
-    return Status(Code::kInvalidArgument,
-                  fmt::format("read_queued: a job reads {} bytes at offset {} of tensor '{}', "
-                              "which holds {} bytes",
-                              job.bytes, job.offset, tensor.name, tensor.bytes));
-  }
+  const CheckpointTensor& tensor = impl_->checkpoint->tensors[job.tensor];
   DDO_RETURN_IF_ERROR(read(tensor, job.offset + start, static_cast<char*>(job.dst) + start, bytes));
   if (drop_behind) {
     impl_->files[static_cast<std::size_t>(tensor.file)].drop_cached(
@@ -1209,10 +1248,9 @@ Status CheckpointReader::read_piece(const ReadJob& job, std::uint64_t start, std
 
 Status CheckpointReader::read_queued(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes,
                                      bool drop_behind) const {
-  if (piece_bytes == 0) {
-    return Status(Code::kInvalidArgument, "read_queued: piece_bytes is 0; pass at least 1");
-  }
-  return impl_->queue->run(jobs, piece_bytes, drop_behind);
+  PiecePlan plan;
+  DDO_RETURN_IF_ERROR(PiecePlan::make(*impl_->checkpoint, jobs, piece_bytes, "read_queued", &plan));
+  return impl_->queue->run(plan, drop_behind);
 }
 
 ReadStats CheckpointReader::stats() const {
@@ -1230,34 +1268,10 @@ ReadStats CheckpointReader::stats() const {
 // inline and a failure to start a thread only means fewer threads.
 Status CheckpointReader::read_all(const std::vector<ReadJob>& jobs, int workers,
                                   const ReadProgress& progress, std::uint64_t piece_bytes) const {
-  const Checkpoint& ckpt = *impl_->checkpoint;
-  if (piece_bytes == 0) {
-    return Status(Code::kInvalidArgument, "read_all: piece_bytes is 0; pass at least 1");
-  }
-  std::vector<std::uint64_t> first_piece(jobs.size() + 1, 0);
-  std::uint64_t total = 0;
-  for (std::size_t j = 0; j < jobs.size(); ++j) {
-    const ReadJob& job = jobs[j];
-    if (job.tensor >= ckpt.tensors.size()) {
-      return Status(Code::kInvalidArgument,
-                    fmt::format("read_all: job {} names tensor {} but the checkpoint has {}", j,
-                                job.tensor, ckpt.tensors.size()));
-    }
-    const CheckpointTensor& tensor = ckpt.tensors[job.tensor];
-    if (job.offset > tensor.bytes || job.bytes > tensor.bytes - job.offset) {
-      return Status(Code::kInvalidArgument,
-                    fmt::format("read_all: job {} reads {} bytes at offset {} of tensor '{}', "
-                                "which holds {} bytes",
-                                j, job.bytes, job.offset, tensor.name, tensor.bytes));
-    }
-    if (job.bytes > 0 && job.dst == nullptr) {
-      return Status(Code::kInvalidArgument,
-                    fmt::format("read_all: job {} (tensor '{}') has a null dst", j, tensor.name));
-    }
-    first_piece[j + 1] = first_piece[j] + (job.bytes + piece_bytes - 1) / piece_bytes;
-    total += job.bytes;
-  }
-  const std::uint64_t pieces = first_piece.back();
+  PiecePlan plan;
+  DDO_RETURN_IF_ERROR(PiecePlan::make(*impl_->checkpoint, jobs, piece_bytes, "read_all", &plan));
+  const std::uint64_t pieces = plan.pieces();
+  const std::uint64_t total = plan.total_bytes();
   if (pieces == 0) return Status::ok_status();
 
   std::atomic<std::uint64_t> next{0};
@@ -1267,16 +1281,11 @@ Status CheckpointReader::read_all(const std::vector<ReadJob>& jobs, int workers,
   Status first_error;  // guarded by error_mutex
   const auto work = [&] {
     while (!failed.load(std::memory_order_relaxed)) {
-      const std::uint64_t piece = next.fetch_add(1, std::memory_order_relaxed);
-      if (piece >= pieces) return;
-      const auto j =
-          static_cast<std::size_t>(std::upper_bound(first_piece.begin(), first_piece.end(), piece) -
-                                   first_piece.begin() - 1);
-      const ReadJob& job = jobs[j];
-      const std::uint64_t start = (piece - first_piece[j]) * piece_bytes;
-      const std::uint64_t bytes = std::min(piece_bytes, job.bytes - start);
-      Status status = read(ckpt.tensors[job.tensor], job.offset + start,
-                           static_cast<char*>(job.dst) + start, bytes);
+      const std::uint64_t n = next.fetch_add(1, std::memory_order_relaxed);
+      if (n >= pieces) return;
+      const PiecePlan::Piece piece = plan.at(n);
+      const std::uint64_t bytes = piece.bytes;
+      Status status = read_piece(*piece.job, piece.start, bytes, /*drop_behind=*/false);
       if (!status.ok()) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!failed.load(std::memory_order_relaxed)) first_error = std::move(status);
