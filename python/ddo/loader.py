@@ -118,7 +118,7 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
     many layers were swapped; a layout ddo does not run is a ValueError naming the option."""
     from .sdnq import _UNSUPPORTED_TENSORS, QuantizedLinear
 
-    for option in ("use_quantized_matmul", "use_hadamard", "use_codebook", "use_codebook_scale"):
+    for option in ("use_hadamard", "use_codebook", "use_codebook_scale"):
         if config.get(option):
             raise ValueError(
                 f"{path}: the SDNQ checkpoint was saved with {option}=True, a layout ddo's loader "
@@ -133,6 +133,16 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
     weights_dtype = config.get("weights_dtype")
     if not isinstance(weights_dtype, str):
         raise ValueError(f"{path}: the SDNQ quantization config has no weights_dtype")
+    # The int8 matmul layout (use_quantized_matmul): the weight stored transposed, [in, out], with
+    # one scale per output column, [1, out]. The package keeps the plain layout for layers it
+    # does not run that way, so each layer's own shapes decide, not the flag alone.
+    matmul = bool(config.get("use_quantized_matmul"))
+    if matmul and config.get("quantized_matmul_dtype") not in (None, "int8"):
+        raise ValueError(
+            f"{path}: the SDNQ checkpoint sets quantized_matmul_dtype="
+            f"{config.get('quantized_matmul_dtype')!r}; ddo runs the int8 matmul layout only; "
+            "load it with loader='library'"
+        )
     tensors = _C.checkpoint_meta(path)  # name -> meta tensor of the stored shape and dtype
     swapped = 0
     for name, sub in list(module.named_modules()):
@@ -151,9 +161,18 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
         }
         scale_shape = tensors[f"{name}.scale"].shape
         group = 0 if len(scale_shape) <= 2 else sub.in_features // max(1, scale_shape[-2])
+        out_in = (sub.out_features, sub.in_features)
+        transposed = (matmul and sub.out_features > 1
+                      and tuple(tensors[f"{name}.weight"].shape) == out_in[::-1]
+                      and tuple(scale_shape) == (1, sub.out_features))
+        if transposed and "svd_up" in meta:
+            raise ValueError(
+                f"{path}: {name}: SVD factors of the int8 matmul layout are not supported by "
+                "ddo; load it with loader='library'"
+            )
         try:
             layout = list(torch.ops.ddo.sdnq_layout_code(
-                weights_dtype, result_dtype, sub.out_features, sub.in_features, group, False
+                weights_dtype, result_dtype, sub.out_features, sub.in_features, group, transposed
             ))
         except (ValueError, RuntimeError) as e:
             raise ValueError(f"{path}: {name}: ddo cannot run this SDNQ layout: {e}") from None

@@ -31,12 +31,16 @@ LAYOUTS = [
     ("int8", dict()),
     ("uint4", dict(use_svd=True, svd_rank=8)),
     ("int4", dict(group_size=32)),  # two groups per row of the 64-wide layers
+    # The int8 matmul layout: weights stored [in, out], one scale per output column.
+    ("int8", dict(use_quantized_matmul=True)),
 ]
 
 
-@pytest.fixture(scope="module", params=LAYOUTS, ids=[name for name, _ in LAYOUTS])
+@pytest.fixture(scope="module", params=LAYOUTS,
+                ids=["int8", "uint4-svd", "int4-group32", "int8-matmul"])
 def sdnq_dir(request, tmp_path_factory):
     weights_dtype, kw = request.param
+    matmul = bool(kw.get("use_quantized_matmul"))
     root = tmp_path_factory.mktemp(f"sdnq-{weights_dtype}")
     torch.manual_seed(3)
     model = sdnq.sdnq_post_load_quant(
@@ -44,12 +48,12 @@ def sdnq_dir(request, tmp_path_factory):
         minimum_allowed_numel=0, **kw,
     )
     sdnq.save_sdnq_model(model, str(root))
-    return root, weights_dtype
+    return root, weights_dtype, matmul
 
 
 @torch.no_grad()
 def test_sdnq_checkpoint_loads_like_the_package(sdnq_dir):
-    path, weights_dtype = sdnq_dir
+    path, weights_dtype, matmul = sdnq_dir
     package = sdnq.load_sdnq_model(str(path), model_cls=diffusers.FluxTransformer2DModel,
                                    dtype=torch.bfloat16)
     inputs = tiny_flux_inputs(1, torch.bfloat16)
@@ -62,6 +66,14 @@ def test_sdnq_checkpoint_loads_like_the_package(sdnq_dir):
     quantized = [m for m in package.modules() if hasattr(m, "sdnq_dequantizer")]
     assert len(layers) == len(quantized) > 0
     assert all(m.weights_dtype == weights_dtype for m in layers)
+    # The int8 matmul layout is run as stored ([in, out], a scale per output column), with the
+    # layout code ddo's own quantizer gives that layout; the others are not read as transposed.
+    transposed = [m for m in layers if tuple(m.weight.shape) == (m.in_features, m.out_features)
+                  and tuple(m.scale.shape) == (1, m.out_features)]
+    assert len(transposed) == (len(layers) if matmul else 0)
+    for m in transposed:
+        assert m.ddo_sdnq_layout == list(torch.ops.ddo.sdnq_layout_code(
+            "int8", torch.bfloat16, m.out_features, m.in_features, 0, True))
     report = loaded.report()
     assert report["execution_mode"] == "sdnq_runtime", report["execution_mode"]
     # Every file byte read once, straight into place.
@@ -77,7 +89,7 @@ def test_sdnq_checkpoint_loads_like_the_package(sdnq_dir):
 
 
 def test_sdnq_layouts_ddo_does_not_read_are_a_clear_error(sdnq_dir, tmp_path):
-    path, _ = sdnq_dir
+    path = sdnq_dir[0]
     import json
     import shutil
 
@@ -87,6 +99,15 @@ def test_sdnq_layouts_ddo_does_not_read_are_a_clear_error(sdnq_dir, tmp_path):
     config["use_hadamard"] = True
     (bad / "quantization_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="use_hadamard.*loader='library'"):
+        ddo.from_pretrained_with_dynamic_offload(
+            bad, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+            dynamic_offload_config=STREAM, dtype=torch.bfloat16,
+        )
+    # A matmul layout in another type than int8.
+    config.update(use_hadamard=False, use_quantized_matmul=True,
+                  quantized_matmul_dtype="float8_e4m3fn")
+    (bad / "quantization_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="quantized_matmul_dtype='float8_e4m3fn'.*int8"):
         ddo.from_pretrained_with_dynamic_offload(
             bad, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
             dynamic_offload_config=STREAM, dtype=torch.bfloat16,
