@@ -95,6 +95,29 @@ def test_capped_load_streams_part_from_disk_with_the_same_outputs(flux_dir):
 
 
 @torch.no_grad()
+def test_capped_load_with_a_dtype_converts_the_disk_units_every_step(flux_dir):
+    # dtype= with the disk tier: the f32 file's disk-tier tensors are read and converted to bf16
+    # on the reader threads every step; outputs equal the library's own bf16 load.
+    path, streamed = flux_dir
+    library = diffusers.FluxTransformer2DModel.from_pretrained(
+        path, torch_dtype=torch.bfloat16).eval()
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=dict(STREAM, host_ram_cap_gb=streamed * 0.3 / GIB),
+        dtype=torch.bfloat16,
+    )
+    assert loaded.report()["setup"]["load"]["disk_bytes"] > 0
+    assert all(p.dtype == torch.bfloat16 for p in loaded.module.parameters())
+    for seed in range(2):
+        inputs = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                  for k, v in flux_inputs(seed).items()}
+        expected = library(**inputs).sample
+        torch.testing.assert_close(loaded.module(**inputs).sample, expected, rtol=0, atol=0)
+    assert loaded.report()["run"]["disk_bytes_read"] > 0
+    loaded.offload.remove()
+
+
+@torch.no_grad()
 def test_without_a_cap_nothing_streams_from_disk(flux_dir):
     path, _ = flux_dir
     loaded = load(path)

@@ -335,8 +335,13 @@ Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const
     char* dst = base + reinterpret_cast<std::uintptr_t>(r.dst);
     if (to_scalar_type(t.dtype) == r.dtype) continue;
     try {
+      // Read as the file holds it (through the same queue, dropped behind), then converted
+      // into place: a temporary of the file's size per converted tensor and step, on this
+      // reader thread, not the compute thread.
       at::Tensor raw = at::empty(t.shape, at::TensorOptions().dtype(to_scalar_type(t.dtype)));
-      DDO_RETURN_IF_ERROR(reader_->read(t, 0, raw.data_ptr(), t.bytes));
+      DDO_RETURN_IF_ERROR(
+          reader_->read_queued({{checkpoint_.by_name.at(t.name), 0, t.bytes, raw.data_ptr()}},
+                               core::CheckpointReader::kQueuePieceBytes, /*drop_behind=*/true));
       at::from_blob(dst, {r.numel}, at::TensorOptions().dtype(r.dtype)).copy_(raw.reshape(-1));
     } catch (const std::exception& e) {
       return Status(Code::kInternal,
