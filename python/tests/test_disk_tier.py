@@ -118,6 +118,31 @@ def test_capped_load_with_a_dtype_converts_the_disk_units_every_step(flux_dir):
 
 
 @torch.no_grad()
+def test_a_file_truncated_after_the_load_fails_the_step_clearly_and_recovers(tmp_path):
+    # The disk tier reads the files every step, so they can change under it (a model folder
+    # replaced or a network drive gone). The step fails with the file and tensor named; once the
+    # file is whole again the next step runs and gives the same output.
+    root = tmp_path / "flux"
+    model = tiny_flux()
+    model.save_pretrained(root, max_shard_size="60KB")
+    streamed = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded = load(root, host_ram_cap_gb=streamed * 0.6 / GIB, prefetch_window_mb=0.03)
+    inputs = flux_inputs(0)
+    expected = loaded.module(**inputs).sample
+    shards = sorted(root.glob("*.safetensors"))
+    saved = {f: f.read_bytes() for f in shards}
+    for f in shards:
+        os.truncate(f, 100)
+    with pytest.raises(RuntimeError, match=r"disk-tier unit .*file truncated: .*safetensors: tensor '"):
+        loaded.module(**inputs)
+    for f in shards:  # whole again, in place (the reader keeps its open descriptors)
+        with open(f, "r+b") as fh:
+            fh.write(saved[f])
+    torch.testing.assert_close(loaded.module(**inputs).sample, expected, rtol=0, atol=0)
+    loaded.offload.remove()
+
+
+@torch.no_grad()
 def test_without_a_cap_nothing_streams_from_disk(flux_dir):
     path, _ = flux_dir
     loaded = load(path)
