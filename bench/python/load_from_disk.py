@@ -233,12 +233,12 @@ def child(args) -> dict:
             for _ in range(args.steps):
                 model(**inputs, return_dict=False)
         bc.sync(cuda)
-        cold = [(time.perf_counter() - t) / args.steps] * args.steps
+        stretch_s = time.perf_counter() - t
         # Right after the sync, as run1 was: the read-ahead into the next step is then in the
         # same state at both ends, so the differences are the stretch's own reads. (Taken later,
         # they would count the ring the read-ahead fills meanwhile: 8abc593's run did.)
         run2 = loaded.report()["run"]
-        row["cold_step_s"] = cold[0]
+        row["cold_step_s"] = stretch_s / args.steps
         row["page_cache_after_cold"] = cached_fraction(args.dir)
         # The drive's sequential bandwidth again, right after the stretch: a network or cloud
         # disk's rate drifts within a run (bursts early on), so the sweep at the start is not
@@ -256,7 +256,7 @@ def child(args) -> dict:
             busy = b["busy_s"] - a["busy_s"]
             nbytes = b["bytes"] - a["bytes"]
             row["cold_reads"] = dict(
-                bytes=nbytes, busy_s=busy, busy_share=busy / sum(cold) if sum(cold) else None,
+                bytes=nbytes, busy_s=busy, busy_share=busy / stretch_s,
                 gbps_busy=nbytes / busy / GB if busy else None,
                 depth=(b["depth_s"] - a["depth_s"]) / busy if busy else None,
                 reads=b["reads"] - a["reads"])

@@ -936,22 +936,21 @@ class ReadMeter {
   ReadStats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     ReadStats s = stats_;
-    if (in_flight_ > 0) {  // the running stretch up to now
-      const double dt = std::chrono::duration<double>(Clock::now() - since_).count();
-      s.busy_seconds += dt;
-      s.depth_seconds += dt * in_flight_;
-    }
+    add_stretch(Clock::now(), &s);  // the running stretch up to now
     return s;
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Adds the stretch since the last change of in_flight_ up to `now` to `s`.
+  void add_stretch(Clock::time_point now, ReadStats* s) const {
+    if (in_flight_ == 0) return;
+    const double dt = std::chrono::duration<double>(now - since_).count();
+    s->busy_seconds += dt;
+    s->depth_seconds += dt * in_flight_;
+  }
   void advance(Clock::time_point now) {
-    if (in_flight_ > 0) {
-      const double dt = std::chrono::duration<double>(now - since_).count();
-      stats_.busy_seconds += dt;
-      stats_.depth_seconds += dt * in_flight_;
-    }
+    add_stretch(now, &stats_);
     since_ = now;
   }
   mutable std::mutex mutex_;
@@ -1060,16 +1059,15 @@ class ReadQueue {
   ReadQueue& operator=(const ReadQueue&) = delete;
 
   Status run(const PiecePlan& plan, bool drop_behind) {
+    if (plan.pieces() == 0) return Status::ok_status();
     Batch batch;
     batch.plan = &plan;
-    batch.pieces = plan.pieces();
     batch.drop_behind = drop_behind;
-    if (batch.pieces == 0) return Status::ok_status();
     std::unique_lock<std::mutex> lock(mutex_);
     start_workers();
     if (threads_.empty()) {  // no thread could start: read on the caller's thread
       lock.unlock();
-      for (std::uint64_t p = 0; p < batch.pieces; ++p) {
+      for (std::uint64_t p = 0; p < plan.pieces(); ++p) {
         DDO_RETURN_IF_ERROR(read_(plan.at(p), drop_behind));
       }
       return Status::ok_status();
@@ -1083,14 +1081,13 @@ class ReadQueue {
  private:
   struct Batch {
     const PiecePlan* plan = nullptr;
-    std::uint64_t pieces = 0;
     bool drop_behind = false;
     std::uint64_t taken = 0;  // guarded by ReadQueue::mutex_, as are the fields below
     std::uint64_t done = 0;
     bool failed = false;
     Status error;
     std::condition_variable done_cv;
-    bool exhausted() const { return failed || taken == pieces; }
+    bool exhausted() const { return failed || taken == plan->pieces(); }
     bool finished() const { return exhausted() && done == taken; }
   };
 
@@ -1284,15 +1281,15 @@ Status CheckpointReader::read_all(const std::vector<ReadJob>& jobs, int workers,
       const std::uint64_t n = next.fetch_add(1, std::memory_order_relaxed);
       if (n >= pieces) return;
       const PiecePlan::Piece piece = plan.at(n);
-      const std::uint64_t bytes = piece.bytes;
-      Status status = read_piece(*piece.job, piece.start, bytes, /*drop_behind=*/false);
+      Status status = read_piece(*piece.job, piece.start, piece.bytes, /*drop_behind=*/false);
       if (!status.ok()) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!failed.load(std::memory_order_relaxed)) first_error = std::move(status);
         failed.store(true, std::memory_order_relaxed);
         return;
       }
-      const std::uint64_t now = done.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+      const std::uint64_t now =
+          done.fetch_add(piece.bytes, std::memory_order_relaxed) + piece.bytes;
       if (progress) progress(now, total);
     }
   };
