@@ -11,7 +11,6 @@
 #pragma once
 
 #ifdef __GLIBC__
-#include <malloc.h>
 #endif
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include "ddo/core/os_memory.h"
 #include "ddo/core/status.h"
 #include "ddo/engine/device.h"
 
@@ -110,14 +110,10 @@ inline std::int64_t proc_status_bytes(const std::string& field) {
   return -1;
 }
 
-// Resets VmHWM to the current RSS (Linux: "5" in /proc/self/clear_refs), so each benchmark row
-// reports its own host peak. Returns false where the kernel refuses.
 // Resets VmHWM to the current RSS. Heap pages that earlier work freed are handed back first
-// (malloc_trim), so a row's peak does not start from the previous rows' garbage.
+// (core::os::trim_heap), so a row's peak does not start from the previous rows' garbage.
 inline bool reset_peak_rss() {
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
+  ddo::core::os::trim_heap();
   std::ofstream out("/proc/self/clear_refs");
   if (!out) return false;
   out << "5";

@@ -6,9 +6,8 @@ DDO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DDO_PY=${DDO_PYTHON:-python3}
 DDO_VENV=${DDO_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ddo/venv-torch2.11.0}
 DDO_BUILD=${DDO_BUILD:-$DDO_ROOT/build}
-# Torch's CMake package probes the GPU architecture unless told; ddo targets Hopper (H200)
-# and builds for it on machines without a GPU too.
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# The CUDA architectures (ddo's kernels, and torch's CMake package, which would otherwise probe
+# the GPU) come from CMake: cmake/DdoCudaArchs.cmake. -DDDO_CUDA_ARCHITECTURES=86 picks one.
 # ccache, when installed (scripts/install-deps.sh installs it): every build of the scripts and of
 # .ci/run compiles through it, with its cache beside the venv so fresh clones reuse it.
 # CCACHE_BASEDIR makes paths inside the clone relative, so another clone's objects hit.

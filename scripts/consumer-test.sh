@@ -70,6 +70,9 @@ grep -q one_shot_fast "$work/presets.txt" || {
 
 torch_prefix=$("$DDO_VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 echo "consumer-test: configuring examples/cpp/consumer against the installed ddo" >&2
+# As a user on a build machine without a GPU: no TORCH_CUDA_ARCH_LIST, so torch's CMake package
+# would compile and run a GPU probe unless ddo's package gives it the list (ddoConfig.cmake).
+unset TORCH_CUDA_ARCH_LIST
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if ! cmake -S "$DDO_ROOT/examples/cpp/consumer" -B "$work/consumer" "${generator[@]}" \

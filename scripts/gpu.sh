@@ -11,6 +11,7 @@
 #     DDO_SKIP_BUILD=1 bash scripts/gpu.sh py         # W1-py (diffusers) on the build already there
 #     bash scripts/gpu.sh pydiag                      # build, then scripts/gpu-pydiag.sh link
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh cards      # build, device code per library, SDNQ tests under PTX JIT
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead x DDO_OP_REPEATS),
@@ -99,9 +100,8 @@ if [ -n "$missing" ]; then
 fi
 
 # --- build --------------------------------------------------------------------------------------
-# TORCH_CUDA_ARCH_LIST: torch's CMake otherwise compiles a GPU probe with the project's C++20
-# setting, which nvcc's CMake support rejects; the H200 is compute capability 9.0.
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# The CUDA architectures: CMake's default list (cmake/DdoCudaArchs.cmake), which also keeps torch's
+# CMake from probing the GPU; the build's ctest checks that libddo_sdnq.so holds each of them.
 # The compiler: a distribution g++ where the image has one, else the image's own (/opt/gcc, GCC
 # 13.3), which links libstdc++ statically into shared libraries unless told otherwise; CMake's
 # configure-time probe (cmake/DdoSharedStdlib.cmake) tells it, and the ctest tests stdlib_<target>
@@ -135,7 +135,7 @@ build() {
   echo "== build" >>"$LOG"
   # Configured every time: a build folder kept from an earlier call gets this call's flags.
   timeout 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
-    -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_CUDA_ARCHITECTURES=90 "${EXTRA[@]}" "${PYBUILD[@]}" \
+    -DCMAKE_PREFIX_PATH="$PREFIX" "${EXTRA[@]}" "${PYBUILD[@]}" \
     -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
     ${DDO_CMAKE_ARGS:-} \
     >>"$LOG" 2>&1 || { say "FAIL: configure (log.txt)"; tail -30 "$LOG"; return 1; }
@@ -316,6 +316,38 @@ pipcheck() {
   say "pytest (installed package) rc=$rc: $(grep -E '[0-9]+ (passed|failed)' "$OUT/.pip-pytest.txt" | tail -1)"
   rm -f "$OUT/.pip-pytest.txt"
   return $rc
+}
+
+# cards: what a card other than this one would meet (Note [Architecture list], Note [Kernel
+# images]): the device code in each built library, the ctest that checks it, then the SDNQ GPU
+# tests and SDNQ pytest again with CUDA_FORCE_PTX_JIT=1 (the driver compiles the PTX, as on a
+# card newer than the list).
+cards() {
+  local tool
+  tool=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
+  for lib in "$BUILD"/sdnq/libddo_sdnq.so "$BUILD"/torch/libddo_torch.so "$BUILD"/python/ddo/_C*.so; do
+    [ -e "$lib" ] || continue
+    if [ -n "$tool" ]; then
+      say "cuobjdump --list-elf $(basename "$lib"): $("$tool" --list-elf "$lib" 2>&1 | grep -o 'sm_[0-9]*\.cubin' | tr '\n' ' ')"
+      say "cuobjdump --list-ptx $(basename "$lib"): $("$tool" --list-ptx "$lib" 2>&1 | grep -o 'sm_[0-9]*\.ptx' | tr '\n' ' ')"
+    fi
+  done
+  [ -z "$tool" ] && say "no cuobjdump on this machine: the device-code lists above are missing"
+  (cd "$BUILD" && ctest --output-on-failure -R 'cuda_archs|KernelStatus') >>"$LOG" 2>&1
+  say "ctest cuda_archs + KernelStatus rc=$?"
+  local jlog="$OUT/.ptxjit.txt"
+  (cd "$BUILD" && CUDA_FORCE_PTX_JIT=1 timeout 200 ctest --output-on-failure --timeout 180 \
+    -L gpu -R 'Dequantize|Sdnq|sdnq') >"$jlog" 2>&1
+  say "CUDA_FORCE_PTX_JIT=1 ctest (SDNQ GPU) rc=$?: $(grep -E 'tests passed|tests failed' "$jlog" | tr '\n' ' ')"
+  cat "$jlog" >>"$LOG"
+  if [ ${#PYBUILD[@]} -gt 0 ]; then
+    install_wheels
+    (cd "$ROOT" && CUDA_FORCE_PTX_JIT=1 timeout 240 "$PY" -m pytest -q \
+      -p no:cacheprovider python/tests/test_sdnq.py python/tests/test_sdnq_loader.py) >"$jlog" 2>&1
+    say "CUDA_FORCE_PTX_JIT=1 pytest (SDNQ) rc=$?: $(grep -E '[0-9]+ (passed|failed)' "$jlog" | tail -1)"
+    cat "$jlog" >>"$LOG"
+  fi
+  rm -f "$jlog"
 }
 
 case "$MODE" in

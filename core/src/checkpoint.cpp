@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "checked_json.h"
 #include "ddo/core/profile_store.h"  // json_nesting_depth: one depth rule for every JSON ddo reads
 
 #ifdef _WIN32
@@ -334,6 +335,9 @@ Status read_exact(const File& file, const std::string& path, std::string_view wh
 namespace {
 
 constexpr std::string_view kMetadataKey = "__metadata__";
+// Keys a header's __metadata__ or an index's top level may hold besides the tensors: generous
+// (they are short strings), and bounded, so that the key limit of parse_bounded stays linear.
+constexpr std::size_t kMaxMetadataKeys = 1u << 16;
 constexpr std::string_view kCorruptAdvice =
     "the file is corrupt or was written by a buggy tool — re-download or re-save it";
 
@@ -341,15 +345,7 @@ Status corrupt(std::string_view label, std::string_view detail) {
   return Status(Code::kDataLoss, fmt::format("{}: {}; {}", label, detail, kCorruptAdvice));
 }
 
-// `text` cut to at most 200 bytes at a UTF-8 boundary: a name or value from the file may be
-// megabytes long, a message should not be.
-std::string excerpt(std::string_view text) {
-  constexpr std::size_t kMaxShown = 200;
-  if (text.size() <= kMaxShown) return std::string(text);
-  std::size_t cut = kMaxShown;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return fmt::format("{}... ({} bytes)", text.substr(0, cut), text.size());
-}
+using internal::excerpt;
 
 std::string json_excerpt(const json& value) {
   return excerpt(value.dump());
@@ -370,53 +366,39 @@ std::optional<std::uint64_t> as_count(const json& value) {
 }
 
 // Parses `text` as one JSON document nested at most `max_depth` deep, refusing duplicate keys in
-// the top-level object and in the objects directly inside it. `what` names the document in
-// messages ("header", "index").
+// the top-level object and in the objects directly inside it, and more than `max_keys` keys at
+// those two levels (what `max_tensors` tensors need), in one linear pass (Note [Linear JSON
+// parsing] in checked_json.h). `what` names the document in messages ("header", "index").
 Status parse_bounded(std::string_view text, const std::string& label, std::string_view what,
-                     int max_depth, json* out) {
+                     int max_depth, std::size_t max_tensors, std::size_t max_keys, json* out) {
   if (const int depth = json_nesting_depth(text); depth > max_depth) {
     return corrupt(label, fmt::format("its {} is nested {} levels deep, more than the {} a "
                                       "safetensors {} needs",
                                       what, depth, max_depth, what));
   }
-  std::set<std::string> top_keys;
-  std::set<std::string> inner_keys;
-  std::string entry;  // the top-level key whose object is being parsed
-  std::string duplicate;
-  // Depths as nlohmann passes them: the top-level object starts at 0, its keys are at 1, the
-  // objects they hold start at 1 and their keys are at 2.
-  const json::parser_callback_t check_keys = [&](int depth, json::parse_event_t event,
-                                                 json& parsed) {
-    if (event == json::parse_event_t::object_start && depth == 1) inner_keys.clear();
-    if (event != json::parse_event_t::key || !duplicate.empty()) return true;
-    const auto& key = parsed.get_ref<const std::string&>();
-    if (depth == 1) {
-      entry = key;
-      if (!top_keys.insert(key).second) duplicate = fmt::format("'{}' twice", excerpt(key));
-    } else if (depth == 2 && !inner_keys.insert(key).second) {
-      duplicate = fmt::format("field '{}' twice in '{}'", excerpt(key), excerpt(entry));
-    }
-    return true;
-  };
-  json value;
-  try {
-    value = json::parse(text, check_keys);
-  } catch (const json::parse_error& e) {
-    // Only the position: nlohmann's text quotes the input, which need not be valid UTF-8. Its
-    // byte count is 1-based and one past the end when the text stops early.
-    if (e.byte > text.size()) {
+  internal::CheckedJson parsed = internal::parse_checked_json(text, max_keys);
+  if (parsed.parse_error) {
+    // Only the position: the text need not be valid UTF-8. The byte count is 1-based and one
+    // past the end when the text stops early.
+    if (parsed.error_byte > text.size()) {
       return corrupt(label, fmt::format("its {} is not valid JSON (it ends early, after {} bytes)",
                                         what, text.size()));
     }
     return corrupt(label, fmt::format("its {} is not valid JSON (error at byte {} of {})", what,
-                                      e.byte, text.size()));
-  } catch (const json::out_of_range&) {
-    // The lexer accepts 1e999 and then the parser throws this, not parse_error (found by
-    // fuzz/safetensors_header_fuzz.cpp; kept in its corpus as number_overflow.json).
+                                      parsed.error_byte, text.size()));
+  }
+  if (parsed.number_overflow) {
+    // Found by fuzz/safetensors_header_fuzz.cpp; kept in its corpus as number_overflow.json.
     return corrupt(label, fmt::format("its {} holds a number too large for a double", what));
   }
-  if (!duplicate.empty()) return corrupt(label, fmt::format("its {} names {}", what, duplicate));
-  *out = std::move(value);
+  if (parsed.too_many_keys) {
+    return corrupt(label, fmt::format("its {} lists more entries than the limit of {} tensors",
+                                      what, max_tensors));
+  }
+  if (!parsed.duplicate.empty()) {
+    return corrupt(label, fmt::format("its {} names {}", what, parsed.duplicate));
+  }
+  *out = std::move(parsed.value);
   return Status::ok_status();
 }
 
@@ -550,7 +532,11 @@ Status parse_safetensors_header(std::string_view header_json, std::uint64_t file
                                       data_offset, file_bytes));
   }
   json doc;
-  DDO_RETURN_IF_ERROR(parse_bounded(header_json, label, "header", limits.max_json_depth, &doc));
+  // Keys at depths 1 and 2: one per tensor and __metadata__, plus each entry's three fields and
+  // the metadata's strings.
+  DDO_RETURN_IF_ERROR(parse_bounded(header_json, label, "header", limits.max_json_depth,
+                                    limits.max_tensors,
+                                    4 * (limits.max_tensors + 1) + kMaxMetadataKeys, &doc));
   if (!doc.is_object()) {
     return corrupt(
         label, fmt::format("its header is a {}, expected an object of tensors", doc.type_name()));
@@ -732,7 +718,9 @@ Status open_index(const fs::path& dir, const std::string& index_name, Checkpoint
   std::string text;
   DDO_RETURN_IF_ERROR(read_text_file(index_path, limits.max_header_bytes, &text));
   json index;
-  DDO_RETURN_IF_ERROR(parse_bounded(text, index_path, "index", limits.max_json_depth, &index));
+  DDO_RETURN_IF_ERROR(parse_bounded(text, index_path, "index", limits.max_json_depth,
+                                    limits.max_tensors, limits.max_tensors + kMaxMetadataKeys,
+                                    &index));
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     return corrupt(index_path, "it has no 'weight_map' object (tensor name -> shard file)");
   }

@@ -1116,7 +1116,8 @@ Status ProfileStore::check_writable(const ProfileIdentity& identity) const {
   return Status::ok_status();
 }
 
-std::vector<ProfileListing> ProfileStore::list() const {
+std::vector<ProfileListing> ProfileStore::list(
+    std::vector<std::filesystem::path>* host_contexts) const {
   std::vector<ProfileListing> rows;
   std::error_code ec;
   const fs::file_status dir_status = fs::status(options_.directory, ec);
@@ -1150,6 +1151,7 @@ std::vector<ProfileListing> ProfileStore::list() const {
       // A host context's file shares the folder and the key space (host_context.h): not a row.
       auto context = value.find("context");
       if (context != value.end() && context->is_object() && !is_named_profile_context(*context)) {
+        if (host_contexts != nullptr) host_contexts->push_back(entry.path());
         continue;
       }
     }
@@ -1171,6 +1173,7 @@ std::vector<ProfileListing> ProfileStore::list() const {
     }
     rows.push_back(std::move(row));
   }
+  if (host_contexts != nullptr) std::sort(host_contexts->begin(), host_contexts->end());
   std::sort(rows.begin(), rows.end(), [](const ProfileListing& a, const ProfileListing& b) {
     return std::tie(a.name, a.model_class, a.execution_mode, a.profile_key) <
            std::tie(b.name, b.model_class, b.execution_mode, b.profile_key);

@@ -242,6 +242,23 @@ EnvMap process_env() {
   return env;
 }
 
+Status kernel_mode_from_env(const EnvMap& env, KernelMode* out) {
+  *out = KernelMode::kAuto;
+  const auto it = env.find("DDO_KERNELS");
+  if (it == env.end()) return Status::ok_status();
+  const std::string v = lower(trim(it->second));
+  if (v.empty() || v == "auto") return Status::ok_status();
+  if (v == "reference") {
+    *out = KernelMode::kReference;
+    return Status::ok_status();
+  }
+  return Status(Code::kInvalidArgument,
+                internal::str_cat("DDO_KERNELS=\"", text::printable(it->second),
+                                  "\" is not a kernel mode; set it to auto (ddo's CUDA kernels "
+                                  "where the library has code for the GPU) or reference (the "
+                                  "ATen reference paths), or unset it"));
+}
+
 bool parse_env_bool(std::string_view text) {
   const std::string v = lower(trim(text));
   return v == "1" || v == "true" || v == "yes" || v == "on";

@@ -515,5 +515,20 @@ TEST(Settings, ProcessEnvSeesTheEnvironment) {
   EXPECT_EQ(env.at("DDO_SETTINGS_TEST_MARKER"), "a=b");
 }
 
+TEST(Settings, KernelModeFromEnv) {
+  KernelMode mode = KernelMode::kReference;
+  ASSERT_TRUE(kernel_mode_from_env({}, &mode).ok());
+  EXPECT_EQ(mode, KernelMode::kAuto);
+  ASSERT_TRUE(kernel_mode_from_env({{"DDO_KERNELS", " Reference "}}, &mode).ok());
+  EXPECT_EQ(mode, KernelMode::kReference);
+  ASSERT_TRUE(kernel_mode_from_env({{"DDO_KERNELS", "auto"}}, &mode).ok());
+  EXPECT_EQ(mode, KernelMode::kAuto);
+  const Status bad = kernel_mode_from_env({{"DDO_KERNELS", "fast"}}, &mode);
+  EXPECT_EQ(bad.code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.message().find("DDO_KERNELS=\"fast\""), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("auto"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("reference"), std::string::npos) << bad.message();
+}
+
 }  // namespace
 }  // namespace ddo::core

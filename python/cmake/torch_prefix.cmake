@@ -1,14 +1,8 @@
 # Included before project() (CMAKE_PROJECT_INCLUDE_BEFORE, set by pyproject.toml; scripts may
-# pass it too) so that find_package(Torch) in torch/CMakeLists.txt works without arguments:
-#
-# 1. Appends torch.utils.cmake_prefix_path of the building interpreter (Python_EXECUTABLE, as
-#    scikit-build-core passes it) to CMAKE_PREFIX_PATH, unless Torch_DIR is given.
-# 2. Torch's CMake package detects the installed GPUs by compiling and running a CUDA program
-#    when TORCH_CUDA_ARCH_LIST is not given; that fails on a machine without a GPU. ddo builds no
-#    CUDA kernels with torch's flags, so any valid list will do.
-if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
-  set(TORCH_CUDA_ARCH_LIST "9.0")
-endif()
+# pass it too) so that find_package(Torch) in torch/CMakeLists.txt works without arguments: it
+# appends torch.utils.cmake_prefix_path of the building interpreter (Python_EXECUTABLE, as
+# scikit-build-core passes it) to CMAKE_PREFIX_PATH, unless Torch_DIR is given.
+# The CUDA architecture list torch's package is given comes from cmake/DdoCudaArchs.cmake.
 
 if(NOT (DEFINED Torch_DIR AND EXISTS "${Torch_DIR}"))
   set(ddo_python_for_torch "")

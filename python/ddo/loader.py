@@ -196,6 +196,48 @@ def _has_safetensors(path: str) -> bool:
         return False
 
 
+def _default_model_loader() -> Any:
+    """diffusers.AutoModel, as the diffusers-dynamic-offloader library defaults to."""
+    try:
+        from diffusers import AutoModel
+    except ImportError as e:
+        raise TypeError(
+            "from_pretrained_with_dynamic_offload without model_loader= loads with "
+            "diffusers.AutoModel, and diffusers is not installed: pip install diffusers, or pass "
+            "model_loader=, the class to load (e.g. FluxTransformer2DModel) or a "
+            "callable(path, **kwargs) returning the module"
+        ) from e
+    return AutoModel
+
+
+def _concrete_class(model_loader: Any, path: str) -> Any:
+    """diffusers.AutoModel resolved to the class config.json names (its "_class_name"), so that
+    ddo's loader can build it without weights; anything else as given."""
+    try:
+        from diffusers import AutoModel
+    except ImportError:
+        return model_loader
+    if model_loader is not AutoModel:
+        return model_loader
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        return model_loader  # a single file or a repo id: the library's loader decides
+    import diffusers
+
+    with open(config_path, encoding="utf-8") as f:
+        try:
+            name = json.load(f).get("_class_name")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{config_path}: not a JSON object ({e})") from e
+    cls = getattr(diffusers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(
+            f"{config_path} names the class {name!r}, which diffusers {diffusers.__version__} "
+            "does not have; pass model_loader=, the class to load"
+        )
+    return cls
+
+
 def _build_empty(model_loader: Any, path: str) -> Optional[nn.Module]:
     """The module from the directory's config.json, without weights; None when model_loader is
     neither a diffusers model class nor a transformers one."""
@@ -276,10 +318,7 @@ def from_pretrained_with_dynamic_offload(
     go to ``model_loader.from_pretrained`` (and select the library loader under "auto").
     """
     if model_loader is None:
-        raise TypeError(
-            "from_pretrained_with_dynamic_offload needs model_loader=, the class to load (e.g. "
-            "FluxTransformer2DModel) or a callable(path, **kwargs) returning the module"
-        )
+        model_loader = _default_model_loader()
     if build_profile is None:
         build_profile = False
     if not isinstance(build_profile, bool):
@@ -311,6 +350,7 @@ def from_pretrained_with_dynamic_offload(
     subfolder = load_kwargs.pop("subfolder", None)
     if subfolder:
         path = os.path.join(path, subfolder)
+    model_loader = _concrete_class(model_loader, path)
 
     def attach(module: nn.Module, load: Optional[dict[str, Any]] = None) -> OffloadResult:
         return _enable(

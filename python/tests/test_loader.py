@@ -6,6 +6,7 @@ near one copy."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -81,6 +82,31 @@ def test_diffusers_load_equals_from_pretrained(flux_dirs, layout):
     assert [e[0] for e in events].count("load") == 1
     loaded.offload.remove()
     assert_same_state(loaded.module, library)
+
+
+@torch.no_grad()
+def test_without_model_loader_the_class_comes_from_config_json(flux_dirs):
+    # As in diffusers-dynamic-offloader: model_loader defaults to diffusers.AutoModel, which
+    # config.json's _class_name resolves, and ddo's own loader reads the files.
+    path = flux_dirs / "sharded"
+    library = diffusers.FluxTransformer2DModel.from_pretrained(path).eval()
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, apply_dynamic=True, dynamic_offload_config=STREAM)
+    assert type(loaded.module) is diffusers.FluxTransformer2DModel
+    assert loaded.report()["setup"]["load"]["path"] == str(path)
+    assert_same_output(loaded.module(**flux_inputs()).sample, library(**flux_inputs()).sample)
+    loaded.offload.remove()
+    assert_same_state(loaded.module, library)
+
+
+def test_a_config_naming_an_unknown_class_says_to_pass_model_loader(flux_dirs, tmp_path):
+    target = tmp_path / "odd"
+    shutil.copytree(flux_dirs / "single", target)
+    config = json.loads((target / "config.json").read_text())
+    config["_class_name"] = "NoSuchModel"
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="NoSuchModel.*model_loader="):
+        ddo.from_pretrained_with_dynamic_offload(target)
 
 
 @torch.no_grad()

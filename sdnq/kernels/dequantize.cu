@@ -195,4 +195,28 @@ int launch_sdnq_dequantize(const DequantizeParams& p, void* stream_ptr) {
   }
 }
 
+KernelImage query_sdnq_kernel_image(int device) {
+  KernelImage image;
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) {
+    cudaDeviceGetAttribute(&image.device_major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&image.device_minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaFuncAttributes attributes{};
+    // Fails with cudaErrorNoKernelImageForDevice (or cudaErrorInvalidDeviceFunction) when the
+    // fatbinary has neither a cubin this device runs nor PTX the driver can compile for it.
+    err = cudaFuncGetAttributes(&attributes, dequantize_vec8<kDqInt8, kDqBf16>);
+    if (err == cudaSuccess) {
+      image.binary_version = attributes.binaryVersion;
+      image.ptx_version = attributes.ptxVersion;
+    }
+  }
+  image.error = static_cast<int>(err);
+  image.error_text = cudaGetErrorString(err);
+  cudaGetLastError();  // the query's error is reported here, not left for the next launch
+  if (previous >= 0) cudaSetDevice(previous);
+  return image;
+}
+
 }  // namespace ddo::sdnq::kernels

@@ -43,4 +43,19 @@ struct DequantizeParams {
 // Enqueues the kernel on `stream` (a cudaStream_t). Returns cudaSuccess (0) or the launch error.
 int launch_sdnq_dequantize(const DequantizeParams& params, void* stream);
 
+// What the CUDA runtime finds in this library for one device (Note [Kernel images] in
+// sdnq/src/kernel_status.cpp). Every kernel of this file lives in one module, so one function's
+// attributes speak for all of them.
+struct KernelImage {
+  int error = 0;           // cudaSuccess, or why no kernel can run (cudaErrorNoKernelImageForDevice)
+  const char* error_text = "";  // cudaGetErrorString(error): a static string
+  int binary_version = 0;  // the architecture of the code that runs (86: sm_86), when error == 0
+  int ptx_version = 0;     // the PTX the image was compiled from, when error == 0
+  int device_major = 0;    // the device's compute capability
+  int device_minor = 0;
+};
+
+// Queries device `device` (its context is created if needed; the current device is restored).
+KernelImage query_sdnq_kernel_image(int device);
+
 }  // namespace ddo::sdnq::kernels

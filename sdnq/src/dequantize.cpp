@@ -9,6 +9,7 @@
 #endif
 
 #include "ddo/core/status.h"
+#include "ddo/sdnq/kernel_status.h"
 
 namespace ddo::sdnq {
 namespace {
@@ -42,7 +43,9 @@ bool kernel_supports(const QuantizedWeight& w, const Layout& layout) {
   if (!w.weight.is_cuda() || !w.weight.is_contiguous()) return false;
   if (w.scale.scalar_type() != c10::kFloat || !w.scale.is_contiguous()) return false;
   if (w.zero_point.defined() && !w.zero_point.is_contiguous()) return false;
-  return w.scale.device() == w.weight.device();
+  if (w.scale.device() != w.weight.device()) return false;
+  // The library may hold no code for this device (Note [Kernel images]): the reference runs.
+  return use_dequantize_kernel(w.weight.device().index());
 #else
   (void)w;
   (void)layout;

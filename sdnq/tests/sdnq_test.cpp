@@ -250,7 +250,9 @@ TEST(SdnqQuantize, ZeroRowsKeepScaleZeroAndQuantizeToZero) {
     auto [w, layout] = quantize(dense, opt);
     EXPECT_TRUE(at::equal(w.scale[1], at::zeros({2, 1}))) << to_string(type);
     EXPECT_GT(w.scale[0].min().item<float>(), 0.0f) << to_string(type);
-    if (w.zero_point.defined()) EXPECT_TRUE(at::equal(w.zero_point[1], at::zeros({2, 1})));
+    if (w.zero_point.defined()) {
+      EXPECT_TRUE(at::equal(w.zero_point[1], at::zeros({2, 1})));
+    }
     const at::Tensor back = dequantize_reference(w, layout);
     EXPECT_FALSE(back.isnan().any().item<bool>()) << to_string(type);
     EXPECT_TRUE(at::equal(back[1], at::zeros({64}))) << to_string(type);

@@ -1,9 +1,12 @@
-// `ddo demo`: the named-profile flow (docs/design/0007-named-profiles.md) on the W1 model (a
-// FLUX-style DiT from stock LibTorch layers).
+// `ddo demo`: the named-profile flow (docs/design/0007-named-profiles.md) on a FLUX-style DiT
+// built from stock LibTorch layers (the W1 benchmark's model), recorded under the public class
+// name ddo.demo.FluxStyleDiT.
 //
-//   ddo demo --profile demo-dit --calibrate     # calibrate: "profile saved: ..."
-//   ddo demo --profile demo-dit                 # reuse:     "profile applied: ...",
+//   ddo demo --profile demo-dit --calibrate     # "== ddo demo 1/2: calibration ...", "profile:
+//   saved" ddo demo --profile demo-dit                 # "== ddo demo 2/2: reuse ...", then first
 //                                               # "calibration bought: 2 of 12 blocks stay ..."
+//   --verbose adds the planner's decisions and the stream statistics; --json gives the same
+//   figures as JSON ("calibration_bought").
 //
 // On a machine with CUDA it runs on cuda:0, otherwise on the host simulation ("sim"), whose
 // card is sized below the model so that the saved budget keeps some blocks resident and the rest
@@ -47,7 +50,17 @@ struct DemoArgs {
   std::string size = "small";
   int steps = 4;
   bool json = false;
+  bool verbose = false;
 };
+
+// The model's class as profiles record it: a public name, not the C++ type of the test model.
+constexpr const char* kDemoModelClass = "ddo.demo.FluxStyleDiT";
+
+// A size for people: MiB below a GiB, GiB above, rounded.
+std::string size_text(double gib_value) {
+  if (gib_value < 1.0) return fmt::format("{:.0f} MiB", gib_value * 1024.0);
+  return fmt::format("{:.2f} GiB", gib_value);
+}
 
 double gib(double bytes) {
   return bytes / core::kGiB;
@@ -186,31 +199,76 @@ core::EnvMap demo_env() {
   return env;
 }
 
-void print_comparison(const RunSummary& now, const std::optional<RunSummary>& calibration) {
-  if (!calibration) {
-    std::printf(
-        "resident blocks: %d of %d (%.3f GiB); no calibration run to compare with (run "
-        "with --calibrate first)\n",
-        now.resident_blocks, now.blocks, now.resident_gib);
-    return;
+// What calibration bought, from the reuse run's summary and the calibration run's: the one
+// computation behind the text's first line and the JSON's "calibration_bought".
+struct Benefit {
+  bool compared = false;  // false: no calibration run to compare with
+  bool any = false;       // false: the saved budget keeps no block here
+  int resident_blocks = 0;
+  int blocks = 0;
+  double resident_gib = 0;
+  double streamed_gib = 0, streamed_gib_before = 0, streamed_less_percent = 0;
+  double copy_seconds = 0, copy_seconds_before = 0;
+  double step_seconds = 0, step_seconds_before = 0, speedup = 0;
+
+  nlohmann::json to_json() const {
+    return {{"compared", compared},
+            {"resident_blocks", resident_blocks},
+            {"blocks", blocks},
+            {"resident_gib", resident_gib},
+            {"streamed_gib_per_step", streamed_gib},
+            {"calibration_streamed_gib_per_step", streamed_gib_before},
+            {"streamed_less_percent", streamed_less_percent},
+            {"copy_seconds_per_step", copy_seconds},
+            {"calibration_copy_seconds_per_step", copy_seconds_before},
+            {"fastest_step_seconds", step_seconds},
+            {"calibration_fastest_step_seconds", step_seconds_before},
+            {"speedup", speedup}};
   }
+
+  std::string text() const {
+    if (!compared) {
+      return fmt::format(
+          "{} of {} blocks stay on the card ({}); no calibration run to compare with (run with "
+          "--calibrate first)",
+          resident_blocks, blocks, size_text(resident_gib));
+    }
+    if (!any) {
+      return fmt::format(
+          "calibration bought nothing here: the saved budget keeps no block on this card, and "
+          "each step streams {} as in the calibration run",
+          size_text(streamed_gib));
+    }
+    return fmt::format(
+        "calibration bought: {} of {} blocks ({}) stay on the card, so each step streams {} "
+        "instead of {} ({:.0f}% less); copies take {:.2f} s per step instead of {:.2f} s, and the "
+        "fastest step {:.2f} s instead of {:.2f} s ({:.2f}x as fast)",
+        resident_blocks, blocks, size_text(resident_gib), size_text(streamed_gib),
+        size_text(streamed_gib_before), streamed_less_percent, copy_seconds, copy_seconds_before,
+        step_seconds, step_seconds_before, speedup);
+  }
+};
+
+Benefit benefit_of(const RunSummary& now, const std::optional<RunSummary>& calibration) {
+  Benefit b;
+  b.resident_blocks = now.resident_blocks;
+  b.blocks = now.blocks;
+  b.resident_gib = now.resident_gib;
+  b.streamed_gib = now.streamed_gib_per_step;
+  b.copy_seconds = now.copy_seconds_per_step;
+  b.step_seconds = now.step_seconds;
+  if (!calibration) return b;
   const RunSummary& c = *calibration;
+  b.compared = true;
+  b.streamed_gib_before = c.streamed_gib_per_step;
+  b.copy_seconds_before = c.copy_seconds_per_step;
+  b.step_seconds_before = c.step_seconds;
   const double saved = c.streamed_gib_per_step - now.streamed_gib_per_step;
-  if (now.resident_blocks == 0 || saved <= 0) {
-    std::printf(
-        "calibration bought nothing here: the saved budget keeps no block on this card, "
-        "and each step streams %.3f GiB as in the calibration run\n",
-        now.streamed_gib_per_step);
-    return;
-  }
-  std::printf(
-      "calibration bought: %d of %d blocks (%.3f GiB) stay on the card, so each step streams "
-      "%.3f GiB instead of %.3f GiB (%.0f%% less); copies take %.3f s per step instead of %.3f s, "
-      "and the fastest step %.3f s instead of %.3f s (%.2fx the calibration run's speed)\n",
-      now.resident_blocks, now.blocks, now.resident_gib, now.streamed_gib_per_step,
-      c.streamed_gib_per_step, 100.0 * saved / c.streamed_gib_per_step, now.copy_seconds_per_step,
-      c.copy_seconds_per_step, now.step_seconds, c.step_seconds,
-      now.step_seconds > 0 ? c.step_seconds / now.step_seconds : 0.0);
+  b.any = now.resident_blocks > 0 && saved > 0;
+  b.streamed_less_percent =
+      c.streamed_gib_per_step > 0 ? 100.0 * saved / c.streamed_gib_per_step : 0.0;
+  b.speedup = now.step_seconds > 0 ? c.step_seconds / now.step_seconds : 0.0;
+  return b;
 }
 
 int run_demo(const DemoArgs& args) {
@@ -229,22 +287,13 @@ int run_demo(const DemoArgs& args) {
   const double model_bytes =
       static_cast<double>(adapter::testing::FluxDiTImpl::parameter_bytes(opts));
   const core::EnvMap env = demo_env();
-  if (!args.json) {
-    std::printf("ddo demo: W1 flux-dit (%s, %.1f M parameters, %.2f GiB) on %s, profile '%s'%s\n",
-                args.size.c_str(),
-                static_cast<double>(adapter::testing::FluxDiTImpl::parameter_count(opts)) / 1e6,
-                gib(model_bytes), device.c_str(), args.profile.c_str(),
-                args.calibrate ? " (calibration run)" : "");
-    std::printf("profiles in %s (the demo's own; DDO_PROFILE_DIR overrides)\n",
-                env.at("DDO_PROFILE_DIR").c_str());
-  }
+  const std::string profiles_dir = env.at("DDO_PROFILE_DIR");
   FluxDiT model(opts);
   const c10::Device input_device = sim ? c10::Device(c10::kCPU) : c10::Device(device);
   adapter::testing::FluxDiTInputs in = adapter::testing::make_inputs(opts, input_device);
 
   adapter::OffloadOptions o;
-  // The regular settings loader: --preset when given, else DDO_PRESET, else auto. (Leaving
-  // o.preset at its "auto" default would ignore DDO_PRESET, as the demo did.)
+  // The regular settings loader: --preset when given, else DDO_PRESET, else auto.
   core::SettingsRequest request;
   if (!args.preset.empty()) request.preset = args.preset;
   o.settings = core::DynamicOffloadSettings::from_env(request, env);
@@ -252,7 +301,10 @@ int run_demo(const DemoArgs& args) {
   o.profile_name = args.profile;
   o.build_profile = args.calibrate;
   o.execution_device = device;
-  nlohmann::json overrides = nlohmann::json::object();
+  o.model_class = kDemoModelClass;
+  // The demo prints the profile's outcome itself (show_profile would add a second, terser line).
+  nlohmann::json overrides = {{"show_profile", false}};
+  std::string card = device;
   if (sim) {
     // Note [Demo card].
     const double card_gb = std::max(gib(model_bytes) * kDemoCardFraction, 0.0625);
@@ -264,24 +316,24 @@ int run_demo(const DemoArgs& args) {
     overrides["profile_vram_headroom_gb"] = card_gb * kDemoHeadroomFraction;
     overrides["auto_vram_headroom_gb"] = card_gb * kDemoHeadroomFraction;
     overrides["sim_copy_gbps"] = link_gbps;
-    if (!args.json) {
-      std::printf(
-          "simulated card: %.3f GiB (%.0f%% of the model), link %.2f GB/s, profile "
-          "headroom %.3f GiB\n",
-          card_gb, 100 * kDemoCardFraction, link_gbps, card_gb * kDemoHeadroomFraction);
-    }
+    card = fmt::format(
+        "the host simulation of a {} card ({:.0f}% of the model) with a {:.2f} GB/s "
+        "link",
+        size_text(card_gb), 100 * kDemoCardFraction, link_gbps);
   }
   o.overrides = overrides;
+  if (!args.json) {
+    std::printf(
+        args.calibrate
+            ? "== ddo demo 1/2: calibration of profile '%s' (measure what fits, save it) ==\n"
+            : "== ddo demo 2/2: reuse of profile '%s' (apply what calibration saved) ==\n",
+        args.profile.c_str());
+  }
   std::vector<std::pair<std::string, double>> events;
   o.record_event = [&](const std::string& name, double seconds, const nlohmann::json&) {
     events.emplace_back(name, seconds);
   };
   std::unique_ptr<adapter::Offload> offload = adapter::enable_offload(*model, o);
-  if (!args.json) {
-    std::printf("preset: %s (requested: %s)\n", offload->settings().effective_preset.c_str(),
-                offload->settings().requested_preset.c_str());
-    std::printf("\n%s\n", offload->plan().summary().c_str());
-  }
 
   std::vector<double> step_seconds;
   nlohmann::json profile = offload->profile_run([&] {
@@ -299,6 +351,8 @@ int run_demo(const DemoArgs& args) {
   const std::string status = profile.value("status", "");
   const std::string path = profile.value("path", "");
   if (status == "saved" && !path.empty()) save_summary(path, summary);
+  std::optional<Benefit> benefit;
+  if (status == "applied") benefit = benefit_of(summary, load_summary(path));
 
   if (args.json) {
     nlohmann::json out = {{"profile_report", profile},
@@ -308,60 +362,73 @@ int run_demo(const DemoArgs& args) {
     if (status == "applied" && !path.empty()) {
       if (std::optional<RunSummary> c = load_summary(path)) out["calibration_run"] = c->to_json();
     }
+    if (benefit) out["calibration_bought"] = benefit->to_json();
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
   const auto num = [&](const char* key) {
     return profile.contains(key) && profile[key].is_number() ? profile[key].get<double>() : 0.0;
   };
+  // The outcome first: what calibration bought (reuse) or what it saved (calibration).
+  if (benefit) std::printf("%s\n", benefit->text().c_str());
+  std::printf("model:   a FLUX-style DiT (%s: %.1f M parameters, %s) on %s\n", args.size.c_str(),
+              static_cast<double>(adapter::testing::FluxDiTImpl::parameter_count(opts)) / 1e6,
+              size_text(gib(model_bytes)).c_str(), card.c_str());
   if (status == "saved") {
-    std::printf(
-        "profile saved: %s\n  resident budget %.3f GiB = total %.3f GiB - peak %.3f GiB - "
-        "headroom %.3f GiB\n",
-        path.c_str(), num("resident_budget_gb"), num("total_vram_gb"), num("peak_vram_gb"),
-        num("headroom_gb"));
+    std::printf("profile: saved; %s may stay resident (card %s - measured peak %s - headroom %s)\n",
+                size_text(num("resident_budget_gb")).c_str(),
+                size_text(num("total_vram_gb")).c_str(), size_text(num("peak_vram_gb")).c_str(),
+                size_text(num("headroom_gb")).c_str());
   } else if (status == "applied") {
-    std::printf("profile applied: %s\n  resident budget %.3f GiB (%s)\n", path.c_str(),
-                num("resident_budget_gb"), profile.value("budget_source", "profile").c_str());
+    std::printf("profile: applied; %s may stay resident (budget from the %s)\n",
+                size_text(num("resident_budget_gb")).c_str(),
+                profile.value("budget_source", "profile").c_str());
   } else {
-    std::printf("profile %s: %s\n", status.c_str(), profile.dump().c_str());
+    std::printf("profile: %s\n", status.c_str());
   }
   if (profile.contains("notes")) {
-    for (const auto& n : profile["notes"])
+    for (const auto& n : profile["notes"]) {
       std::printf("  note: %s\n", n.get<std::string>().c_str());
+    }
   }
-  std::printf("\nsetup:");
+  std::printf("steps:   %d; fastest %.2f s; %d of %d blocks resident; %s streamed per step\n",
+              args.steps, summary.step_seconds, summary.resident_blocks, summary.blocks,
+              size_text(summary.streamed_gib_per_step).c_str());
+  if (status == "saved") std::printf("next:    run again without --calibrate to reuse it\n");
+  std::printf("profiles are kept in %s (the demo's own folder; DDO_PROFILE_DIR overrides)\n",
+              profiles_dir.c_str());
+  if (!args.verbose) return 0;
+
+  // --verbose: what the planner decided and how the run went, in detail.
+  std::printf("\npreset: %s (requested: %s)\n", offload->settings().effective_preset.c_str(),
+              offload->settings().requested_preset.c_str());
+  std::printf("%s\n", offload->plan().summary().c_str());
+  std::printf("setup:");
   for (const auto& [name, seconds] : events) std::printf(" %s %.3f s", name.c_str(), seconds);
   std::printf("\nsteps:");
-  for (double s : step_seconds) std::printf(" %.3f", s);
+  for (double t : step_seconds) std::printf(" %.3f", t);
   std::printf(" s\n");
   const nlohmann::json& run = report["run"];
   if (run.contains("bytes_streamed")) {
     const double steps = std::max<double>(1, args.steps);
     std::printf(
-        "streamed %.3f GiB per step, copy %.1f ms, compute waited %.1f ms, %.1f GB/s, "
-        "%lld prefetch hits, %lld on demand\n",
-        gib(run["bytes_streamed"].get<double>()) / steps, run["copy_ms"].get<double>(),
-        run["compute_wait_ms"].get<double>(), run["achieved_gbps"].get<double>(),
+        "streamed %s per step, copies %.1f ms, compute waited %.1f ms, %.2f GB/s, %lld "
+        "prefetch hits, %lld on demand\n",
+        size_text(gib(run["bytes_streamed"].get<double>()) / steps).c_str(),
+        run["copy_ms"].get<double>(), run["compute_wait_ms"].get<double>(),
+        run["achieved_gbps"].get<double>(),
         static_cast<long long>(run["prefetch_hits"].get<std::int64_t>()),
         static_cast<long long>(run["on_demand"].get<std::int64_t>()));
   }
   if (run.contains("peak_vram_gb")) {
-    std::printf("peak device memory %.3f GiB of %.3f GiB\n", run["peak_vram_gb"].get<double>(),
-                gib(run["total_vram_bytes"].get<double>()));
+    std::printf("peak device memory %s of %s\n",
+                size_text(run["peak_vram_gb"].get<double>()).c_str(),
+                size_text(gib(run["total_vram_bytes"].get<double>())).c_str());
   }
-  std::printf("resident modules: %zu, resident %.3f GiB, pinned %.3f GiB\n",
-              report["resident_modules"].size(), gib(report["resident_bytes"].get<double>()),
-              gib(report["pinned_bytes"].get<double>()));
-  if (status == "saved") {
-    std::printf(
-        "calibration run: %d of %d blocks resident, %.3f GiB streamed and %.3f s of "
-        "copies per step; run again without --calibrate to apply the budget\n",
-        summary.resident_blocks, summary.blocks, summary.streamed_gib_per_step,
-        summary.copy_seconds_per_step);
-  } else if (status == "applied") {
-    print_comparison(summary, load_summary(path));
-  }
+  std::printf("kept resident: %zu modules (whole blocks and small layers), %s; pinned %s\n",
+              report["resident_modules"].size(),
+              size_text(gib(report["resident_bytes"].get<double>())).c_str(),
+              size_text(gib(report["pinned_bytes"].get<double>())).c_str());
   return 0;
 }
 
@@ -370,17 +437,21 @@ int run_demo(const DemoArgs& args) {
 void add_demo_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* demo = app.add_subcommand(
-      "demo", "Run the W1 DiT under a named profile: calibrate once, then reuse the profile");
+      "demo", "Run a FLUX-style DiT under a named profile: calibrate once, then reuse the profile");
   demo->add_option("--profile", args->profile, "Profile name (e.g. demo-dit)")->required();
   demo->add_flag("--calibrate", args->calibrate, "Calibration run: measure and save the profile");
   demo->add_option("--preset", args->preset,
                    "Preset (see `ddo presets`; default: DDO_PRESET, else auto)");
   demo->add_option("--device", args->device, "sim, sim:N or cuda:N (default: cuda:0 if present)");
   demo->add_option("--size", args->size, "Model size: tiny, small or full")
-      ->check(CLI::IsMember({"tiny", "small", "full"}));
+      ->check(CLI::IsMember({"tiny", "small", "full"}))
+      ->capture_default_str();
   demo->add_option("--steps", args->steps, "Forward passes inside the measured region")
-      ->check(CLI::PositiveNumber);
-  demo->add_flag("--json", args->json, "Print the reports as JSON");
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  demo->add_flag("--json", args->json, "Print the reports as JSON (the same figures as the text)");
+  demo->add_flag("--verbose", args->verbose,
+                 "Also print the planner's decisions, setup phases and stream statistics");
   demo->callback([args, &exit_code] {
     try {
       exit_code = run_demo(*args);

@@ -9,6 +9,9 @@
 
 #include "commands.h"
 #include "ddo/core/status.h"
+#ifdef DDO_HAVE_TORCH
+#include <torch/version.h>
+#endif
 
 namespace {
 
@@ -46,6 +49,14 @@ std::optional<std::string> unknown_command(CLI::App& app, int argc, char** argv)
 int main(int argc, char** argv) {
   CLI::App app{"ddo: a dynamic device offloader for large diffusion models"};
   app.require_subcommand(1);
+  // ddo's version and the torch it was built against: a library compiled for one torch cannot
+  // be loaded by another (LibTorch has no stable C++ ABI).
+#ifdef DDO_HAVE_TORCH
+  app.set_version_flag("--version",
+                       std::string("ddo ") + DDO_VERSION + " (torch " + TORCH_VERSION + ")");
+#else
+  app.set_version_flag("--version", std::string("ddo ") + DDO_VERSION + " (built without torch)");
+#endif
   int exit_code = 0;
   ddo::cli::add_presets_command(app, exit_code);
   ddo::cli::add_profiles_command(app, exit_code);

@@ -2,6 +2,7 @@
 // some blocks resident, so the second run streams less and its copies take less time, and its
 // output says so; its profiles stay apart from ~/.ddo/profiles. Runs the built program
 // (DDO_PROGRAM, set by tools/CMakeLists.txt) as a user does.
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -41,6 +42,10 @@ class DemoTest : public ::testing::Test {
 // run streamed exactly as much as the first; and the demo's profiles went to ~/.ddo/profiles.
 TEST_F(DemoTest, SecondRunKeepsBlocksResidentStreamsLessAndSaysSo) {
   const std::string args = "demo --profile t --device sim --size small --steps 2";
+  Result heading = run_ddo(env(), args + " --calibrate");
+  ASSERT_EQ(heading.exit_code, 0) << heading.output;
+  EXPECT_EQ(heading.output.rfind("== ddo demo 1/2: calibration", 0), 0u) << heading.output;
+  EXPECT_NE(heading.output.find("profile: saved"), std::string::npos) << heading.output;
   Result first = run_ddo(env(), args + " --calibrate --json");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const json calibration = json::parse(first.output);
@@ -67,8 +72,26 @@ TEST_F(DemoTest, SecondRunKeepsBlocksResidentStreamsLessAndSaysSo) {
   EXPECT_LT(now["copy_seconds_per_step"].get<double>(),
             before["copy_seconds_per_step"].get<double>());
 
+  // The same figures in the JSON the text prints.
+  const json& bought = reuse["calibration_bought"];
+  EXPECT_EQ(bought["resident_blocks"], now["resident_blocks"]);
+  EXPECT_EQ(bought["streamed_gib_per_step"], now["streamed_gib_per_step"]);
+  EXPECT_EQ(bought["calibration_streamed_gib_per_step"], before["streamed_gib_per_step"]);
+
   Result text = run_ddo(env(), args);
   ASSERT_EQ(text.exit_code, 0) << text.output;
+  // The story: the heading, then the benefit first; no internals without --verbose.
+  EXPECT_EQ(text.output.rfind("== ddo demo 2/2: reuse", 0), 0u) << text.output;
+  const std::size_t second_line = text.output.find('\n') + 1;
+  EXPECT_EQ(text.output.compare(second_line, 20, "calibration bought: "), 0) << text.output;
+  for (const char* internal : {"W1", "Note [", "FluxDiTImpl", "regex", "decision"}) {
+    EXPECT_EQ(text.output.find(internal), std::string::npos) << internal << "\n" << text.output;
+  }
+  EXPECT_LT(std::count(text.output.begin(), text.output.end(), '\n'), 10) << text.output;
+  Result verbose = run_ddo(env(), args + " --verbose");
+  ASSERT_EQ(verbose.exit_code, 0) << verbose.output;
+  EXPECT_NE(verbose.output.find("prefetch hits"), std::string::npos) << verbose.output;
+  EXPECT_GT(verbose.output.size(), text.output.size());
   EXPECT_NE(text.output.find("calibration bought: "), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("blocks ("), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("% less"), std::string::npos) << text.output;

@@ -17,7 +17,6 @@
 #include <tuple>
 
 #ifdef __GLIBC__
-#include <malloc.h>
 #endif
 
 #include <ATen/Context.h>
@@ -32,6 +31,7 @@
 #endif
 
 #include "ddo/core/config.h"
+#include "ddo/core/os_memory.h"
 #include "ddo/core/units.h"
 #include "ddo/core/working_set.h"
 #include "ddo/engine/copy_scheduler.h"
@@ -833,11 +833,9 @@ void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
     pending.clear();
     keep_sources.clear();
     chunk_bytes = 0;
-#ifdef __GLIBC__
     // Originals below glibc's mmap threshold were freed into the heap; hand those pages back
     // so the process holds about one copy of the model (Note [Setup order]).
-    malloc_trim(0);
-#endif
+    core::os::trim_heap();
   };
   for (std::size_t ui = 0; ui < units.size(); ++ui) {
     const UnitLayout& u = units[ui];
@@ -1540,6 +1538,7 @@ nlohmann::json Offload::report() const {
   }
   r["run"] = std::move(run);
   r["profile_report"] = s.profile_report;
+  r["kernels"] = internal::kernels_report(s.device_name);
   r["plan"] = {{"resident_budget_bytes", s.plan.resident_budget_bytes},
                {"resident_used_bytes", s.plan.resident_used_bytes},
                {"always_resident_bytes", s.plan.always_resident_bytes},

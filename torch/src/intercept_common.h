@@ -66,8 +66,12 @@ class StageScope {
 
   engine::DeviceKind kind_;
   const char* op_;
+  void claim(StreamRuntime* rt);
+
   std::array<Held, 4> held_{};
   int held_count_ = 0;
+  std::array<StreamRuntime*, 2> claimed_{};  // runtimes whose in_op this scope set
+  int claimed_count_ = 0;
   bool counted_ = false;
 };
 

@@ -1,7 +1,5 @@
 #include "ddo/torch/loader.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <future>
@@ -16,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <torch/nn/module.h>
 
+#include "ddo/core/os_memory.h"
 #include "ddo/core/status.h"
 #include "host_tensor.h"
 #include "weight_source.h"
@@ -28,8 +27,9 @@ namespace ddo::adapter {
 // with set_data(), and set_data() refuses to turn a meta tensor into a CPU one. So every weight
 // the file will provide is first a placeholder: a CPU tensor of the right shape and dtype over a
 // read-only anonymous mapping that all placeholders share. It costs address space, not memory
-// (MAP_NORESERVE, never written: every page reads as the one zero page), so a FLUX-sized module
-// of placeholders has an RSS of a few MB. Reading a placeholder gives zeros; writing one faults,
+// (core::os::reserve_zero_pages: never written, every page reads as zero; Note [Zero pages per
+// platform] in ddo/core/os_memory.h), so a FLUX-sized module of placeholders has an RSS of a few
+// MB. Reading a placeholder gives zeros; writing one faults,
 // which is why nothing but the loader ever sees them: enable_offload re-points each to the
 // memory the plan gives it, and a failed setup re-points them back to placeholders.
 
@@ -38,9 +38,7 @@ namespace {
 struct PlaceholderRegion {
   void* base = nullptr;
   std::size_t bytes = 0;
-  ~PlaceholderRegion() {
-    if (base != nullptr) munmap(base, bytes);
-  }
+  ~PlaceholderRegion() { core::os::release_zero_pages(base, bytes); }
 };
 
 std::mutex g_region_mu;
@@ -51,10 +49,11 @@ std::shared_ptr<PlaceholderRegion> region_for(std::size_t bytes) {
   if (g_region && g_region->bytes >= bytes) return g_region;
   // Address space only; at least 4 GiB so a model's placeholders share one mapping.
   const std::size_t size = std::max<std::size_t>(bytes, std::size_t{4} << 30);
-  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  DDO_CHECK(p != MAP_FAILED, Code::kResourceExhausted, "reserving ", size,
-            " bytes of address space for the loader's placeholders failed (mmap); the process "
-            "may be limited by ulimit -v");
+  std::string why;
+  void* p = core::os::reserve_zero_pages(size, &why);
+  DDO_CHECK(p != nullptr, Code::kResourceExhausted, "reserving ", size,
+            " bytes of address space for the loader's placeholders failed (", why,
+            "); the process may be limited by ulimit -v");
   auto region = std::make_shared<PlaceholderRegion>();
   region->base = p;
   region->bytes = size;

@@ -52,6 +52,9 @@ struct StreamRuntime {
   engine::Stream held_stream = engine::kDefaultStream;
   void* held_base = nullptr;
   std::int64_t intercepted_ops = 0;  // COUNT: ops that staged at least one managed weight
+  // True while an op of this runtime is between its first acquire and its release (Note [One
+  // thread at a time] in register_ops.cpp).
+  std::atomic<bool> in_op{false};
   // Cold: the residency candidate (block) each unit belongs to, "" for none; calibration
   // attributes measured compute to candidates through it (measured_candidate_compute).
   std::vector<std::string> unit_candidate;

@@ -144,6 +144,11 @@ std::string normalize_device_name(const std::string& device);
 
 double gib(std::int64_t bytes);
 
+// Which path each ddo op kind with a CUDA kernel takes on `device_name` ("cuda:N", "sim:N"),
+// and why (kernel_report.cpp; Note [Kernel images] in sdnq/src/kernel_status.cpp):
+//   {"sdnq_dequantize": {"path": "kernel", "reason": "sm_90 code in libddo_sdnq"}}
+nlohmann::json kernels_report(const std::string& device_name);
+
 // The card the planner sees: `total_bytes` (0 = unknown) bounded by config.vram_cap_gb.
 std::int64_t capped_vram_bytes(std::int64_t total_bytes, const core::DynamicOffloadConfig& config);
 

@@ -64,7 +64,11 @@ void print_profile_line(const nlohmann::json& report) {
                           "recommended_budget_gb", "peak_vram_gb", "error"}) {
     if (!report.contains(key) || report[key].is_null()) continue;
     const nlohmann::json& v = report[key];
-    line += fmt::format(" {}={}", key, v.is_string() ? v.get<std::string>() : v.dump());
+    // GiB figures to the MiB (3 decimals): the report keeps full precision, the line is read.
+    const std::string text = v.is_string()         ? v.get<std::string>()
+                             : v.is_number_float() ? fmt::format("{:.3f}", v.get<double>())
+                                                   : v.dump();
+    line += fmt::format(" {}={}", key, text);
   }
   line += "\n";
   std::fputs(line.c_str(), stderr);

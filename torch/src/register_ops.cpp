@@ -66,8 +66,34 @@ CurrentStreamFn current_stream_fn() {
 
 // --- the staging step ----------------------------------------------------------------------------
 
+// Note [One thread at a time]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An offloaded model serves one thread at a time: its copy scheduler follows one traced order of
+// acquires and releases. Two threads running ops of the same model at once (two Python threads
+// calling forward: torch releases the GIL inside ops) would interleave acquires and releases of
+// one unit, and the scheduler's release of a unit the other thread already released threw from
+// a destructor, which ended the process. Each op therefore claims its runtime with one atomic
+// exchange at its first acquire and gives it back after its release: a second thread whose op
+// overlaps gets a clear error naming the rule, and the first thread's op is untouched. The cost is
+// two uncontended atomic operations per intercepted op. Ops of two threads that merely alternate
+// stay correct (each op acquires and releases whole), though they perturb the traced order.
+void StageScope::claim(StreamRuntime* rt) {
+  for (int i = 0; i < claimed_count_; ++i) {
+    if (claimed_[i] == rt) return;
+  }
+  TORCH_INTERNAL_ASSERT(claimed_count_ < static_cast<int>(claimed_.size()),
+                        "ddo: one op reads weights of more than two offloaded models");
+  TORCH_CHECK(!rt->in_op.exchange(true, std::memory_order_acquire), "ddo: ", op_,
+              " ran on a second thread while another thread was running an op of the same "
+              "offloaded model; ddo serves an offloaded model from one thread at a time: run its "
+              "forward calls one after another (a lock around them), or give each thread its own "
+              "model");
+  claimed_[claimed_count_++] = rt;
+}
+
 void* StageScope::acquire(ManagedWeight* m, engine::Stream stream) {
   StreamRuntime* rt = m->runtime;
+  claim(rt);
   if (rt->sticky_units) {
     // Classic group routes: the group stays on the device until another group is needed.
     if (rt->held_unit == m->unit) return rt->held_base;
@@ -121,6 +147,9 @@ at::Tensor StageScope::stage(const at::Tensor& t) {
 StageScope::~StageScope() {
   for (int i = 0; i < held_count_; ++i) {
     held_[i].runtime->scheduler->release(held_[i].unit, held_[i].stream);
+  }
+  for (int i = 0; i < claimed_count_; ++i) {
+    claimed_[i]->in_op.store(false, std::memory_order_release);
   }
 }
 

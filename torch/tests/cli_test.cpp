@@ -1,17 +1,16 @@
 // The `ddo` program (tools/cli) as a user runs it: its errors name what was wrong and what to do,
 // and `ddo demo` takes its preset like every entry point (--preset, else DDO_PRESET, else auto).
-// Runs the program built beside this test (<build>/tools/ddo); skips, saying so, without it.
-#include <unistd.h>
-
-#include <array>
+// Runs the program the build made (DDO_PROGRAM; the test target depends on it).
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <torch/version.h>
 
 #include "child_process.h"
+#include "ddo/core/host_context.h"
 #include "ddo/engine/device.h"
 #include "test_util.h"
 
@@ -19,15 +18,8 @@ namespace ddo::adapter {
 namespace {
 namespace fs = std::filesystem;
 
-// <build>/torch/ddo_torch_tests -> <build>/tools/ddo.
 fs::path ddo_program() {
-  std::array<char, 4096> self{};
-  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
-  if (n <= 0) return {};
-  return fs::path(std::string(self.data(), static_cast<std::size_t>(n)))
-             .parent_path()
-             .parent_path() /
-         "tools" / "ddo";
+  return fs::path(DDO_PROGRAM);
 }
 
 using Result = ddo::testing::ProgramResult;
@@ -41,9 +33,7 @@ Result run_ddo(const std::string& env, const std::string& args, bool with_stderr
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(ddo_program())) {
-      GTEST_SKIP() << "the ddo program is not built at " << ddo_program();
-    }
+    ASSERT_TRUE(fs::exists(ddo_program())) << "the ddo program is not built at " << ddo_program();
   }
   std::string profile_env() const { return "DDO_PROFILE_DIR='" + dir_.path().string() + "'"; }
   test::TempDir dir_;
@@ -101,6 +91,81 @@ TEST_F(CliTest, DemoTakesItsPresetFromDdoPresetUnlessOneIsPassed) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   out = nlohmann::json::parse(r.output);
   EXPECT_EQ(out["report"]["preset"], "warm_process") << out["report"].dump(2);
+}
+
+TEST_F(CliTest, VersionNamesDdoAndTheTorchItWasBuiltAgainst) {
+  const Result r = run_ddo(profile_env(), "--version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("ddo 0.", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("(torch " TORCH_VERSION ")"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, DemoStepsOfZeroNamesTheRange) {
+  const Result r = run_ddo(profile_env(), "demo --profile t --size tiny --device sim --steps 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 to 100000"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, DemoHelpShowsTheDefaults) {
+  const Result r = run_ddo(profile_env(), "demo --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("=small"), std::string::npos) << r.output;  // --size
+  EXPECT_NE(r.output.find("=4"), std::string::npos) << r.output;      // --steps
+}
+
+// A profile is found by its name alone when one class has it, by its key in any of the three
+// spellings `list` suggests, and deleting it deletes the demo's run summary beside it.
+TEST_F(CliTest, ProfilesByNameAloneByBareKeyAndDeleteTakesTheDemoSummary) {
+  Result r = run_ddo(profile_env(),
+                     "demo --profile cli-demo --size tiny --device sim --steps 1 "
+                     "--calibrate --json",
+                     /*with_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_ddo(profile_env(), "profiles list");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("KEY"), std::string::npos) << r.output;
+  const std::size_t at = r.output.find("ddo-capacity-v1-");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string key = r.output.substr(at, 40);
+  const std::string digits = key.substr(16);
+  ASSERT_EQ(digits.size(), 24u);
+
+  r = run_ddo(profile_env(), "profiles show cli-demo");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("key:        " + key), std::string::npos) << r.output;
+  for (const std::string& spelling : {key, key + ".json", digits}) {
+    r = run_ddo(profile_env(), "profiles show --key " + spelling);
+    EXPECT_EQ(r.exit_code, 0) << spelling << ": " << r.output;
+    EXPECT_NE(r.output.find("name:       cli-demo"), std::string::npos) << r.output;
+  }
+
+  const fs::path summary = dir_.path() / (key + ".json.demo-run.json");
+  ASSERT_TRUE(fs::exists(summary));
+  r = run_ddo(profile_env(), "profiles delete cli-demo");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("run summary"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(summary));
+  EXPECT_FALSE(fs::exists(dir_.path() / (key + ".json")));
+  r = run_ddo(profile_env(), "profiles show cli-demo");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no profile named 'cli-demo'"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, ProfilesListMentionsHostContextRecords) {
+  core::HostContextStoreOptions options;
+  options.directory = dir_.path();
+  core::HostContextStore contexts(options);
+  ASSERT_TRUE(
+      contexts.record_observation({{"model", "flux"}, {"gpu", "4090"}}, {{"status", "success"}})
+          .ok());
+  const Result r = run_ddo(profile_env(), "profiles list");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("also 1 host-context record"), std::string::npos) << r.output;
+  EXPECT_NE(
+      r.output.find(contexts.path_for({{"model", "flux"}, {"gpu", "4090"}}).filename().string()),
+      std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -2,9 +2,6 @@
 // RecordFunction guard that flags any op other than the intercepted ones reading a managed weight.
 #pragma once
 
-#include <ftw.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +16,7 @@
 #include <torch/nn/module.h>
 
 #include "ddo/core/platform.h"
+#include "test_files.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
@@ -43,17 +41,11 @@ class TempDir {
   TempDir() {
     static std::atomic<int> counter{0};
     path_ = std::filesystem::temp_directory_path() /
-            ("ddo-torch-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+            ("ddo-torch-test-" + std::to_string(ddo::testing::process_id()) + "-" +
+             std::to_string(counter++));
     std::filesystem::create_directories(path_);
   }
-  // POSIX nftw, not std::filesystem::remove_all: libtorch.so exports its own copy of some
-  // std::filesystem symbols, and its remove_all crashes when it interposes libstdc++'s.
-  ~TempDir() {
-    nftw(
-        path_.c_str(),
-        [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-        FTW_DEPTH | FTW_PHYS);
-  }
+  ~TempDir() { ddo::testing::remove_tree(path_); }
   const std::filesystem::path& path() const { return path_; }
 
  private:

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "ddo/sdnq/dequantize.h"
+#include "ddo/sdnq/kernel_status.h"
 #include "ddo/sdnq/quantize.h"
 
 namespace ddo::sdnq {
@@ -93,6 +94,35 @@ TEST(DequantizeKernelSvd, SvdFactorsAddedInTheResultDtype) {
   QuantizedWeight g{w.weight.cuda(), w.scale.cuda(), w.zero_point.cuda(), w.svd_up.cuda(),
                     w.svd_down.cuda()};
   EXPECT_TRUE(at::equal(dequantize(g, layout), dequantize_reference(g, layout)));
+}
+
+// DDO_KERNELS=reference (set_kernel_mode here) gives what the kernel gives, bit for bit, through
+// the one entry point: the fallback a device without code takes changes nothing but the speed.
+TEST(DequantizeKernelStatus, ForcedReferenceEqualsTheKernelBitForBit) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";
+  const int device = at::cuda::current_device();
+  const KernelStatus status = dequantize_kernel_status(device);
+  // The default architecture list covers every card torch runs on (Note [Architecture list]).
+  ASSERT_EQ(status.path, KernelPath::kKernel) << status.reason;
+  at::manual_seed(5);
+  for (const QuantType type : {QuantType::kInt8, QuantType::kUint4, QuantType::kFloat8E4M3}) {
+    QuantizeOptions opt;
+    opt.type = type;
+    auto [w, layout] = quantize(at::randn({192, 320}).to(at::kBFloat16), opt);
+    QuantizedWeight g{w.weight.cuda(),
+                      w.scale.cuda(),
+                      w.zero_point.defined() ? w.zero_point.cuda() : at::Tensor(),
+                      {},
+                      {}};
+    ASSERT_TRUE(kernel_supports(g, layout));
+    const at::Tensor by_kernel = dequantize(g, layout);
+    set_kernel_mode(core::KernelMode::kReference);
+    EXPECT_FALSE(kernel_supports(g, layout));
+    EXPECT_EQ(dequantize_kernel_status(device).path, KernelPath::kReference);
+    const at::Tensor by_reference = dequantize(g, layout);
+    set_kernel_mode(core::KernelMode::kAuto);
+    EXPECT_TRUE(at::equal(by_kernel, by_reference)) << to_string(type);
+  }
 }
 
 }  // namespace

@@ -394,8 +394,10 @@ class ProfileStore {
   /// directory, sorted by name, class, then key; host-context files are left out, and files that
   /// cannot be read as either are rows with `problem` set. A missing directory lists nothing.
   /// Throws ddo::Error (kFailedPrecondition) when the directory path exists but is not a directory,
-  /// and (kUnavailable) when it cannot be read.
-  std::vector<ProfileListing> list() const;
+  /// and (kUnavailable) when it cannot be read. `host_contexts`, when given, receives the paths
+  /// of the host-context files left out (host_context.h), so a listing can say they are there.
+  std::vector<ProfileListing> list(
+      std::vector<std::filesystem::path>* host_contexts = nullptr) const;
 
   /// Deletes the profile file (and its lock file). kNotFound when there is none.
   Status remove(const ProfileIdentity& identity);

@@ -125,6 +125,15 @@ std::string component_env_key(std::string_view component);
 /// True for 1/true/yes/on (case-insensitive, blanks trimmed); everything else is false.
 bool parse_env_bool(std::string_view text);
 
+/// Which implementation ddo's CUDA ops run: their kernels where the library holds code for the
+/// device (kAuto), or their ATen reference paths everywhere (kReference; the same results, for
+/// tests and for ruling a kernel out).
+enum class KernelMode { kAuto, kReference };
+
+/// DDO_KERNELS in `env`: unset, empty or "auto" -> kAuto; "reference" -> kReference; any other
+/// value is kInvalidArgument naming the two. Read once per process by the ops (sdnq/kernel_status.h).
+Status kernel_mode_from_env(const EnvMap& env, KernelMode* out);
+
 /// Splits a DDO_*_PATTERNS value on ',' and ';', trimming blanks and dropping empty items.
 std::vector<std::string> split_pattern_list(std::string_view text);
 

@@ -3,7 +3,8 @@
 ///
 /// `dequantize` is the one entry point: on a CUDA tensor it runs ddo's dequantize kernel
 /// (sdnq/kernels/, one pass from packed bytes to the result dtype) where the kernel covers the
-/// layout, and the ATen reference otherwise; on the CPU it runs the reference. Both give the
+/// layout and the library has code for the device (kernel_status.h), and the ATen reference
+/// otherwise; on the CPU it runs the reference. Both give the
 /// `sdnq` package's dequantize result bit for bit (Note [Bit-equal dequantize] in
 /// sdnq/src/dequantize.cpp).
 ///
@@ -26,7 +27,8 @@ at::Tensor dequantize(const QuantizedWeight& w, const Layout& layout);
 /// The same computed with ATen ops only (any device): the reference the kernel is tested against.
 at::Tensor dequantize_reference(const QuantizedWeight& w, const Layout& layout);
 
-/// True when the CUDA kernel covers this layout with these tensors (contiguous, f32 scales).
+/// True when the CUDA kernel covers this layout with these tensors (contiguous, f32 scales) and
+/// runs on their device (use_dequantize_kernel in kernel_status.h).
 bool kernel_supports(const QuantizedWeight& w, const Layout& layout);
 
 /// linear(input, dequantize(w), bias): the SDNQ layer's forward on its dequantize path.
