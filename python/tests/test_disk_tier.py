@@ -143,6 +143,39 @@ def test_a_file_truncated_after_the_load_fails_the_step_clearly_and_recovers(tmp
 
 
 @torch.no_grad()
+def test_a_remove_that_cannot_read_the_files_changes_nothing_and_can_be_retried(tmp_path):
+    # Note [Restore in two phases]: remove() reads the disk tier's weights back from the files;
+    # when it cannot, it says so and the offload stays as it was (still serving the model), and
+    # a second remove() once the files are whole gives the complete model.
+    root = tmp_path / "flux"
+    model = tiny_flux()
+    model.save_pretrained(root, max_shard_size="60KB")
+    streamed = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded = load(root, host_ram_cap_gb=streamed * 0.6 / GIB, prefetch_window_mb=0.03)
+    inputs = flux_inputs(0)
+    expected = loaded.module(**inputs).sample
+    shards = sorted(root.glob("*.safetensors"))
+    saved = {f: f.read_bytes() for f in shards}
+    for f in shards:
+        os.truncate(f, 100)
+    with pytest.raises(ValueError, match=r"remove\(\) could not restore .*still active"):
+        loaded.offload.remove()
+    assert loaded.offload.active
+    for f in shards:
+        with open(f, "r+b") as fh:
+            fh.write(saved[f])
+    torch.testing.assert_close(loaded.module(**inputs).sample, expected, rtol=0, atol=0)
+    loaded.offload.remove()
+    assert not loaded.offload.active
+    assert not any(ddo._C.is_managed(p) for p in loaded.module.parameters())
+    library = diffusers.FluxTransformer2DModel.from_pretrained(root).eval()
+    for (name, a), (_, b) in zip(loaded.module.state_dict().items(),
+                                 library.state_dict().items()):
+        assert torch.equal(a, b), name
+    torch.testing.assert_close(loaded.module(**inputs).sample, expected, rtol=0, atol=0)
+
+
+@torch.no_grad()
 def test_without_a_cap_nothing_streams_from_disk(flux_dir):
     path, _ = flux_dir
     loaded = load(path)

@@ -265,3 +265,22 @@ def test_two_threads_in_one_model_never_abort_the_process(tmp_path):
                           timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ok"), done.stdout
+
+
+@torch.no_grad()
+def test_a_weight_with_overlapping_strides_comes_back_as_it_was():
+    # An expanded view (stride 0) as a Parameter: remove() copies it with its own layout
+    # (Note [Restore in two phases]), where a dense copy into it would fail.
+    model = nn.Sequential(nn.Linear(32, 32, bias=False))
+    row = torch.randn(1, 32)
+    model[0].weight = nn.Parameter(row.expand(32, 32), requires_grad=False)
+    x = torch.randn(4, 32)
+    expected = model(x)
+    offload = ddo.enable_offload(model, **STREAM_ALL)
+    assert torch.equal(model(x), expected)
+    offload.remove()
+    w = model[0].weight
+    assert not _C.is_managed(w)
+    assert w.stride() == (0, 1)
+    assert torch.equal(w, row.expand(32, 32))
+    assert torch.equal(model(x), expected)

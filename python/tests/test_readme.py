@@ -23,6 +23,11 @@ def test_the_python_example_runs_as_pasted(tmp_path):
     script.write_text(blocks[0])
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDO_")}
     env["DDO_PROFILE_DIR"] = str(tmp_path / "profiles")
+    # The ddo these tests import (a build tree or an installed package), from any folder.
+    import ddo
+
+    package_root = str(Path(ddo.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1057,9 +1057,25 @@ std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep
 
 }  // namespace
 
+// Note [Restore in two phases]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// remove() first builds every tensor the model gets back (reads from the checkpoint for the disk
+// tier, copies out of the slabs, device copies), and only when all of them exist re-points the
+// parameters, which cannot fail. A failure in the first phase (a shard truncated since the load,
+// out of memory) therefore leaves the offload exactly as it was: still active, every weight
+// still served, and the error says so; the host fixes the cause and calls remove() again. A copy
+// keeps the tensor's own layout (sizes, strides, storage offset) over a storage of the same
+// extent, so a weight whose strides overlap (an expanded view, stride 0) comes back as such.
+at::Tensor copy_with_layout(const at::Tensor& t) {
+  const std::size_t span = span_bytes(t);
+  const int64_t extent = static_cast<int64_t>(span / t.element_size());
+  at::Tensor base = at::empty({extent}, at::TensorOptions().dtype(t.dtype()));
+  if (extent > 0) base.copy_(t.detach().as_strided({extent}, {1}, t.storage_offset()));
+  return base.as_strided(t.sizes(), t.strides(), 0);
+}
+
 void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_residents) {
   if (!active) return;
-  active = false;
   ScopedUncountedCpuAllocations uncounted;
   if (runtime) {
     runtime->release_held();
@@ -1069,58 +1085,75 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
   at::AutoGradMode no_grad(false);
   std::shared_ptr<CachedWeights> entry =
       setup_failed ? nullptr : make_cache_entry(*this, keep_weight_cache);
+  // Phase 1 (Note [Restore in two phases]): what each parameter gets back; nothing re-pointed.
+  std::vector<at::Tensor> restored(replaced.size());
+  std::vector<const at::Tensor*> kept;  // left on the device: remembered once phase 1 succeeded
+  std::int64_t kept_bytes = 0;
+  try {
+    for (std::size_t i = 0; i < replaced.size(); ++i) {
+      ReplacedTensor& r = replaced[i];
+      if (r.tied_to >= 0) {
+        restored[i] = restored[r.tied_to];
+      } else if (setup_failed && r.from_file) {
+        restored[i] = make_placeholder(r.sizes, r.handle.scalar_type());
+      } else if (keep_residents && kind == engine::DeviceKind::kCuda &&
+                 (r.action == core::TensorAction::kResident ||
+                  r.action == core::TensorAction::kMoveOnce) &&
+                 r.handle.device() == torch_device) {
+        // Stays in its device chunk for the next attach (RemoveOptions::keep_residents_on_device),
+        // which finds it on the execution device and moves nothing.
+        restored[i] = r.handle.detach();
+        kept_bytes += static_cast<std::int64_t>(span_bytes(r.handle));
+        kept.push_back(&restored[i]);
+      } else if (r.unit >= 0 && runtime &&
+                 runtime->unit_on_disk[static_cast<std::size_t>(r.unit)] && weights) {
+        // Disk tier: the weight was never in host memory; the model the host gets back reads it
+        // from the checkpoint once more, into an ordinary CPU tensor.
+        restored[i] = weights->read_cpu(r.name, r.handle, record_event);
+        if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
+      } else if (r.loader_pin.defined()) {
+        // Streamed where the loader pinned it: the loader's own tensor again (Note [Loader
+        // pins]), so a later attach adopts it once more.
+        restored[i] = r.loader_pin;
+      } else if (entry && r.unit >= 0) {
+        // Stays in its slab region, now owned by the cache and this view together.
+        char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
+        const std::size_t span = span_bytes(r.handle);
+        CachedTensor c;
+        c.name = r.name;
+        c.sizes = r.sizes;
+        c.strides = r.strides;
+        c.dtype = r.handle.scalar_type();
+        c.unit = static_cast<std::size_t>(r.unit);
+        c.offset = r.unit_offset;
+        c.span = span;
+        c.fingerprint = sample_fingerprint(data, span);
+        restored[i] =
+            make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime->slabs, &c.lease);
+        entry->tensors.push_back(std::move(c));
+      } else {
+        at::Tensor fresh = copy_with_layout(r.handle);
+        if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);
+        restored[i] = fresh;
+      }
+    }
+  } catch (const std::exception& e) {
+    throw Error(Code::kDataLoss,
+                ddo::internal::str_cat(
+                    "remove() could not restore the weights of ", model_class, ": ", e.what(),
+                    "; nothing was changed: the offload is still active and the model runs as "
+                    "before. Fix the cause (e.g. restore the checkpoint file) and call remove() "
+                    "again"));
+  }
+  // Phase 2: cannot fail.
+  active = false;
   if (!keep_weight_cache && settings.config.cache_pinned_weights) {
     (void)take_cached_weights(weight_cache_key);  // dropped
   }
-  std::vector<at::Tensor> restored(replaced.size());
+  for (const at::Tensor* t : kept) remember_kept_on_device(*t);
+  kept_on_device_bytes += kept_bytes;
   for (std::size_t i = 0; i < replaced.size(); ++i) {
     ReplacedTensor& r = replaced[i];
-    if (r.tied_to >= 0) {
-      restored[i] = restored[r.tied_to];
-    } else if (setup_failed && r.from_file) {
-      restored[i] = make_placeholder(r.sizes, r.handle.scalar_type());
-    } else if (keep_residents && kind == engine::DeviceKind::kCuda &&
-               (r.action == core::TensorAction::kResident ||
-                r.action == core::TensorAction::kMoveOnce) &&
-               r.handle.device() == torch_device) {
-      // Stays in its device chunk for the next attach (RemoveOptions::keep_residents_on_device),
-      // which finds it on the execution device and moves nothing.
-      restored[i] = r.handle.detach();
-      kept_on_device_bytes += static_cast<std::int64_t>(span_bytes(r.handle));
-      remember_kept_on_device(restored[i]);
-    } else if (r.unit >= 0 && runtime && runtime->unit_on_disk[static_cast<std::size_t>(r.unit)] &&
-               weights) {
-      // Disk tier: the weight was never in host memory; the model the host gets back reads it
-      // from the checkpoint once more, into an ordinary CPU tensor.
-      restored[i] = weights->read_cpu(r.name, r.handle, record_event);
-      if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
-    } else if (r.loader_pin.defined()) {
-      // Streamed where the loader pinned it: the loader's own tensor again (Note [Loader pins]),
-      // so a later attach adopts it once more.
-      restored[i] = r.loader_pin;
-    } else if (entry && r.unit >= 0) {
-      // Stays in its slab region, now owned by the cache and this view together.
-      char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
-      const std::size_t span = span_bytes(r.handle);
-      CachedTensor c;
-      c.name = r.name;
-      c.sizes = r.sizes;
-      c.strides = r.strides;
-      c.dtype = r.handle.scalar_type();
-      c.unit = static_cast<std::size_t>(r.unit);
-      c.offset = r.unit_offset;
-      c.span = span;
-      c.fingerprint = sample_fingerprint(data, span);
-      restored[i] =
-          make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime->slabs, &c.lease);
-      entry->tensors.push_back(std::move(c));
-    } else {
-      at::Tensor fresh =
-          at::empty_strided(r.sizes, r.strides, at::TensorOptions().dtype(r.handle.dtype()));
-      fresh.copy_(r.handle.detach());
-      if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);
-      restored[i] = fresh;
-    }
     r.handle.set_data(restored[i]);
     if (r.handle.is_leaf() && r.handle.requires_grad() != r.requires_grad) {
       r.handle.set_requires_grad(r.requires_grad);
