@@ -1,4 +1,5 @@
-// The state behind an Offload handle (internal; enable_offload.cpp, profile_run.cpp).
+// The state behind an Offload handle (internal; enable_offload.cpp, attach_plan.cpp,
+// offload_report.cpp, profile_run.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The caches behind ddo/torch/weight_cache.h, as enable_offload.cpp uses them (internal).
+// The caches behind ddo/torch/weight_cache.h, as the attach (attach_plan.cpp) uses them (internal).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // WeightSource: the loader's validated checkpoint, read into memory the caller owns (internal;
-// loader.cpp; used by enable_offload.cpp's placement). See ddo/torch/loader.h.
+// loader.cpp; used by attach_plan.cpp's placement). See ddo/torch/loader.h.
 #pragma once
 
 #include <chrono>

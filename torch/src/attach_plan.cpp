@@ -1,0 +1,970 @@
+// Carrying a plan out (Note [Attach phases]) and the way back (Note [Restore in two phases]).
+//
+// See Note [Setup order] for why tensors are re-pointed unit by unit.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#ifdef DDO_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include "ddo/core/config.h"
+#include "ddo/core/os_memory.h"
+#include "ddo/core/units.h"
+#include "ddo/core/working_set.h"
+#include "ddo/engine/copy_scheduler.h"
+#include "ddo/engine/device.h"
+#include "ddo/engine/host_slab.h"
+#include "ddo/engine/host_upload.h"
+#include "ddo/torch/weight_cache.h"
+#include "intercept_common.h"
+#include "loader_pins.h"
+#include "offload_state.h"
+#include "weight_source.h"
+#include "registration.h"
+#include "weight_cache_internal.h"
+
+#include "attach_common.h"
+
+namespace ddo::adapter {
+namespace internal {
+
+// Note [Setup order]
+// ------------------
+// Streamed weights are copied into host slabs and re-pointed (set_data) unit by unit, in chunks
+// of about 1 GiB, so each original storage can be freed as soon as its copy exists: for pageable
+// slabs the process holds about one copy of the model at any time. Pinned slabs are committed
+// when allocated, so pinning from an ordinary CPU model briefly holds both; the loader (loader.h)
+// avoids that by loading straight into the slabs.
+
+namespace {
+
+// Key of a tensor view for tied-weight detection: same storage, offset, shape, strides, dtype.
+using ViewKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>;
+ViewKey view_key(const at::Tensor& t) {
+  return {t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(),
+          t.strides().vec(), static_cast<int>(t.scalar_type())};
+}
+
+// Storages remove(keep_residents_on_device) left on the device, so the next attach of the model
+// knows them from tensors the host put there itself. Weak: a freed storage drops out.
+std::mutex g_kept_mu;
+std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> g_kept_on_device;
+
+void remember_kept_on_device(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_kept_mu);
+  std::erase_if(g_kept_on_device, [](const auto& w) { return w.expired(); });
+  g_kept_on_device.emplace_back(t.storage().getWeakStorageImpl());
+}
+
+bool kept_on_device_by_ddo(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(g_kept_mu);
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  for (const auto& w : g_kept_on_device) {
+    if (w._unsafe_get_target() == impl && !w.expired()) return true;
+  }
+  return false;
+}
+
+void set_weight(at::Tensor& handle, const at::Tensor& data) {
+  at::AutoGradMode no_grad(false);
+  handle.set_data(data);
+}
+
+// The pinned-weight cache's entry for this model when it can serve this attach, else null (an
+// unusable entry is dropped). See Note [Pinned-weight cache] in weight_cache.cpp. `ids`: the
+// streamed, untied replaced tensors.
+std::shared_ptr<CachedWeights> take_matching_cache_entry(OffloadState& s, std::vector<int> ids) {
+  std::shared_ptr<CachedWeights> entry = take_cached_weights(s.weight_cache_key);
+  if (!entry) return nullptr;
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) {
+    return std::make_pair(s.replaced[a].unit, s.replaced[a].unit_offset) <
+           std::make_pair(s.replaced[b].unit, s.replaced[b].unit_offset);
+  });
+  bool same = entry->unit_bytes == s.unit_bytes && entry->tensors.size() == ids.size();
+  for (std::size_t k = 0; same && k < ids.size(); ++k) {
+    const ReplacedTensor& r = s.replaced[ids[k]];
+    const CachedTensor& c = entry->tensors[k];
+    same = c.name == r.name && c.sizes == r.sizes && c.strides == r.strides &&
+           c.dtype == r.handle.scalar_type() && static_cast<int>(c.unit) == r.unit &&
+           c.offset == r.unit_offset;
+  }
+  if (!same) {
+    count_weight_cache_stale();
+    return nullptr;
+  }
+  std::map<int, std::uint64_t> fingerprints;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const ReplacedTensor& r = s.replaced[ids[k]];
+    const CachedTensor& c = entry->tensors[k];
+    const char* region = static_cast<const char*>(entry->slabs->tensor_ptr(c.unit)) + c.offset;
+    const bool in_place = r.handle.device().is_cpu() && r.handle.data_ptr() == region;
+    // A re-pointed weight is copied into its region: only while nothing else reads it.
+    if (!in_place && !c.lease.expired()) return nullptr;
+    fingerprints[ids[k]] = c.fingerprint;
+  }
+  s.cached_fingerprints = std::move(fingerprints);
+  return entry;
+}
+
+std::uint64_t cached_fingerprint(const OffloadState& s, int id) {
+  auto it = s.cached_fingerprints.find(id);
+  return it == s.cached_fingerprints.end() ? 0 : it->second;
+}
+
+// The loader's residents and move-once tensors, file -> pinned bounce buffer -> device (Note
+// [Host uploads], second case): tensors are packed into the held buffer and read in one parallel
+// batch when it is full, then copied out of it while the next batch is read into the other one.
+// A tensor larger than a buffer, or every tensor when the buffers cannot be pinned, is read into
+// ordinary memory and copied registered (the first case).
+class FileUploads {
+ public:
+  static constexpr std::size_t kMinBufferBytes = std::size_t{64} << 20;
+  static constexpr std::size_t kMaxBufferBytes = std::size_t{256} << 20;
+  static constexpr int kBuffers = 2;
+
+  FileUploads(OffloadState& s, engine::Stream stream, std::size_t largest_bytes)
+      : s_(s), stream_(stream) {
+    const std::size_t bytes =
+        std::clamp(align_up(largest_bytes, kTensorAlignment), kMinBufferBytes, kMaxBufferBytes);
+    if (!engine::BounceBuffers::create(*s.device, bytes, kBuffers, stream, &bounce_).ok()) {
+      bounce_.reset();  // not pinnable now: the registered path, slower and just as correct
+    }
+  }
+
+  // Queues `r` (from the file) to land at device address `dst`.
+  void add(const ReplacedTensor& r, char* dst) {
+    const std::size_t n = span_bytes(r.handle);
+    if (n == 0) return;
+    if (!bounce_ || n > bounce_->buffer_bytes()) {
+      copy_directly(r, dst, n);
+      return;
+    }
+    if (buf_ != nullptr && align_up(used_, kTensorAlignment) + n > bounce_->buffer_bytes()) {
+      flush();
+    }
+    if (buf_ == nullptr) throw_if_error(bounce_->acquire(&buf_));
+    used_ = align_up(used_, kTensorAlignment);
+    reads_.push_back({r.name, buf_ + used_, r.handle.scalar_type(), r.handle.numel()});
+    copies_.emplace_back(dst, used_, n);
+    used_ += n;
+  }
+
+  // Every queued tensor read and copied; the copies have landed.
+  void finish() {
+    flush();
+    if (bounce_) throw_if_error(bounce_->drain());
+  }
+
+  std::size_t bounced_bytes() const { return bounce_ ? bounce_->bytes_copied() : 0; }
+
+ private:
+  void flush() {
+    if (buf_ == nullptr) return;
+    s_.weights->read(reads_, s_.record_event);
+    for (const auto& [dst, offset, n] : copies_) throw_if_error(bounce_->copy_out(dst, offset, n));
+    throw_if_error(bounce_->release());
+    reads_.clear();
+    copies_.clear();
+    buf_ = nullptr;
+    used_ = 0;
+  }
+
+  void copy_directly(const ReplacedTensor& r, char* dst, std::size_t n) {
+    at::Tensor t = at::empty(r.sizes, at::TensorOptions().dtype(r.handle.scalar_type()));
+    s_.weights->read({{r.name, t.data_ptr(), t.scalar_type(), t.numel()}}, s_.record_event);
+    std::vector<void*> registered;
+    throw_if_error(engine::copy_to_device_registered(
+        *s_.device, dst, static_cast<const char*>(t.data_ptr()), n, stream_, &registered));
+    s_.device->synchronize_stream(stream_);  // `t` is freed when this returns
+    for (void* p : registered) s_.device->unregister_host(p);
+  }
+
+  OffloadState& s_;
+  engine::Stream stream_;
+  std::unique_ptr<engine::BounceBuffers> bounce_;
+  char* buf_ = nullptr;  // the held buffer, or null
+  std::size_t used_ = 0;
+  std::vector<WeightSource::Read> reads_;
+  std::vector<std::tuple<char*, std::size_t, std::size_t>> copies_;  // (dst, offset, bytes)
+};
+
+// Moves the resident / move-once tensors of one module into one device allocation. Those the
+// loader reads from the file go through `uploads` (they land by uploads.finish()); the others are
+// copied from host memory, registered, before this returns.
+void move_module_to_device(OffloadState& s, const std::vector<std::size_t>& replaced_ids,
+                           engine::Stream stream, FileUploads* uploads) {
+  std::size_t total = 0;
+  std::vector<std::size_t> offsets;
+  for (std::size_t id : replaced_ids) {
+    offsets.push_back(total);
+    total += align_up(span_bytes(s.replaced[id].handle), kTensorAlignment);
+  }
+  if (total == 0) return;
+  void* chunk = nullptr;
+  Status st = s.device->allocate(total, &chunk);
+  if (!st.ok()) {
+    // Name the resident budget that chose these modules and what to change.
+    std::string budget =
+        ddo::internal::str_cat("; the plan keeps ", gib(s.plan.resident_used_bytes),
+                               " GiB resident (budget ", gib(s.plan.resident_budget_bytes), " GiB");
+    if (const core::Decision* d = s.plan.find_decision("resident_budget_fit")) {
+      budget += ", already cut to the card: " + d->detail + ")";
+    } else if (s.plan.find_decision("resident_budget_manual") != nullptr) {
+      budget += ddo::internal::str_cat(
+          " from resident_module_budget_gb=", s.settings.config.resident_module_budget_gb,
+          "); lower it or set it to 0 for the balanced policy");
+    } else if (s.plan.find_decision("resident_budget_profile") != nullptr) {
+      budget += " from the saved profile); recalibrate on this card (build_profile=true)";
+    } else {
+      budget += "); lower vram_headroom or resident_module_budget_gb";
+    }
+    throw Error(st.code(), ddo::internal::str_cat("moving ", total, " bytes of resident and small ",
+                                                  "tensors to ", s.device_name,
+                                                  " failed: ", st.message(), budget));
+  }
+  std::shared_ptr<engine::Device> dev = s.device;
+  std::shared_ptr<void> holder(chunk, [dev](void* p) { dev->deallocate(p); });
+  std::vector<at::Tensor> sources;  // kept alive until their copies have landed
+  std::vector<void*> registered;
+  for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
+    const ReplacedTensor& r = s.replaced[replaced_ids[k]];
+    char* dst = static_cast<char*>(chunk) + offsets[k];
+    if (r.from_file) {
+      uploads->add(r, dst);
+      continue;
+    }
+    at::Tensor src = host_source(r.handle);
+    const std::size_t n = span_bytes(src);
+    if (n > 0 && is_pinned_loader_tensor(src)) {
+      // Already pinned by the loader (Note [Loader pins]): a plain copy, nothing to register.
+      throw_if_error(s.device->copy_to_device_async(dst, src.data_ptr(), n, stream));
+    } else if (n > 0) {
+      throw_if_error(engine::copy_to_device_registered(
+          *s.device, dst, static_cast<const char*>(src.data_ptr()), n, stream, &registered));
+    }
+    sources.push_back(std::move(src));
+  }
+  if (!sources.empty()) s.device->synchronize_stream(stream);
+  for (void* p : registered) s.device->unregister_host(p);
+  for (std::size_t k = 0; k < replaced_ids.size(); ++k) {
+    ReplacedTensor& r = s.replaced[replaced_ids[k]];
+    at::Tensor dev_tensor =
+        at::for_blob(static_cast<char*>(chunk) + offsets[k], r.sizes)
+            .strides(r.strides)
+            .deleter([holder](void*) {})
+            .options(at::TensorOptions().dtype(r.handle.dtype()).device(s.torch_device))
+            .target_device(s.torch_device)
+            .make_tensor();
+    set_weight(r.handle, dev_tensor);
+  }
+}
+
+// Before anything moves: the smallest working set this plan can run with (its always-resident
+// and move-once tensors, and a staging ring of one unit ahead, Note [Working set]) must fit in
+// what the device has free, else the error says how much it needs and what to change. Residents
+// chosen by a budget are not part of the minimum: the planner cuts a fixed budget to the card
+// (decision resident_budget_fit), and an allocation that still fails names the budget.
+void check_smallest_plan_fits(const OffloadState& s) {
+  const core::Plan& plan = s.plan;
+  if (!plan.execute || plan.stream_units.empty()) return;
+  std::int64_t largest = 0;
+  for (const core::StreamUnit& u : plan.stream_units) largest = std::max(largest, u.bytes);
+  const std::int64_t staging = core::min_staging_bytes(largest);
+  const std::int64_t smallest = plan.always_resident_bytes + plan.move_once_bytes + staging;
+  const engine::DeviceMemory mem = s.device->memory();
+  const std::int64_t free_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
+  if (smallest <= free_bytes) return;
+  const auto g = [](std::int64_t b) { return fmt::format("{:.2f} GiB", core::bytes_to_gib(b)); };
+  throw Error(
+      Code::kResourceExhausted,
+      fmt::format(
+          "{} is too small for this model: its smallest plan needs {} on the device "
+          "(always-resident {}, move-once {}, staging for three of the largest stream unit {} "
+          "= {}), and {} of {} is free{}. Free device memory or raise vram_cap_gb; stream the "
+          "always-resident modules too with always_resident_modules_pattern=[]; or keep modules "
+          "on the host with skip_modules_pattern. Nothing was moved.",
+          s.device_name, g(smallest), g(plan.always_resident_bytes), g(plan.move_once_bytes),
+          g(largest), g(staging), g(free_bytes), g(mem.total_bytes),
+          s.settings.config.vram_cap_gb > 0
+              ? fmt::format(" (vram_cap_gb={:g})", s.settings.config.vram_cap_gb)
+              : std::string()));
+}
+
+// Note [Attach phases]
+// ~~~~~~~~~~~~~~~~~~~~
+// apply_plan carries a plan out in a fixed order, each phase one function below:
+//   1. collect_replaced      every tensor the plan moves, with its original look (tied views
+//                            follow the first); then check_smallest_plan_fits, before anything
+//                            moves
+//   2. read_kept_from_file   tensors that stay where they are but come from the loader's file
+//   3. place_residents       residents and move-once tensors, one device allocation per module
+//   4. layout_stream_units   the streamed tensors of each plan unit at their offsets
+//   5. build_stream_runtime  host slabs (or the weight cache's), the scheduler and its staging,
+//                            the fill and re-pointing in chunks, the units registered
+//   6. finish_attach         the report's moves, the loader's totals, tied views
+// A phase that throws leaves what the earlier ones did to enable_offload, which restores the model
+// from the state's replaced tensors (OffloadState::restore with setup_failed) and rethrows.
+
+// Phase 1: the tensors the plan touches; `stays_from_file` gets the modules whose kept tensors
+// the loader fills.
+std::vector<std::vector<int>> collect_replaced(OffloadState& s,
+                                               std::vector<std::size_t>& stays_from_file) {
+  const core::Plan& plan = s.plan;
+  std::vector<std::vector<int>> replaced_of(s.tree.entries.size());
+  std::map<ViewKey, int> first_of_view;
+  for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
+    ModuleEntry& entry = s.tree.entries[m];
+    replaced_of[m].assign(entry.tensors.size(), -1);
+    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
+      const core::TensorAction action = plan.modules[m].tensors[t].action;
+      at::Tensor& handle = entry.tensors[t].tensor;
+      const std::int64_t bytes = handle.numel() * handle.element_size();
+      const bool from_file = s.weights && s.weights->has(slot_name(entry, entry.tensors[t]));
+      if (action == core::TensorAction::kKeep) {
+        s.setup.kept_bytes += bytes;
+        if (from_file) stays_from_file.push_back(m);
+        continue;
+      }
+      bool kept_on_device = false;
+      if (action != core::TensorAction::kStream && handle.device() == s.torch_device &&
+          s.kind == engine::DeviceKind::kCuda) {
+        s.setup.on_device_bytes += bytes;
+        if (!kept_on_device_by_ddo(handle)) {
+          if (from_file) stays_from_file.push_back(m);
+          continue;  // the host put it on the execution device: it stays and stays there
+        }
+        // Left here by remove(keep_residents_on_device): nothing moves now, and a later plain
+        // remove() returns it to the host like any resident.
+        kept_on_device = true;
+      }
+      ReplacedTensor r;
+      r.handle = handle;
+      r.sizes = handle.sizes().vec();
+      r.strides = handle.strides().vec();
+      r.original_device = kept_on_device ? c10::Device(c10::kCPU) : handle.device();
+      r.kept_on_device = kept_on_device;
+      r.requires_grad = handle.requires_grad();
+      r.action = action;
+      r.name = slot_name(entry, entry.tensors[t]);
+      r.from_file = from_file && !kept_on_device;
+      auto [it, inserted] =
+          first_of_view.emplace(view_key(handle), static_cast<int>(s.replaced.size()));
+      if (!inserted) r.tied_to = it->second;
+      replaced_of[m][t] = static_cast<int>(s.replaced.size());
+      s.replaced.push_back(std::move(r));
+    }
+  }
+
+  return replaced_of;
+}
+
+// Phase 2: tensors that stay where they are but come from the file, read in place (loader.h).
+void read_kept_from_file(OffloadState& s, const std::vector<std::vector<int>>& replaced_of,
+                         std::vector<std::size_t> stays_from_file) {
+  ModuleTree kept;
+  stays_from_file.erase(std::unique(stays_from_file.begin(), stays_from_file.end()),
+                        stays_from_file.end());
+  for (std::size_t m : stays_from_file) {
+    ModuleEntry e = s.tree.entries[m];
+    e.tensors.clear();
+    for (std::size_t t = 0; t < s.tree.entries[m].tensors.size(); ++t) {
+      if (replaced_of[m][t] < 0) e.tensors.push_back(s.tree.entries[m].tensors[t]);
+    }
+    kept.entries.push_back(std::move(e));
+  }
+  materialize(kept, *s.weights, s.record_event);
+}
+
+// Phase 3: residents and move-once tensors, one device allocation per module.
+void place_residents(OffloadState& s, const std::vector<std::vector<int>>& replaced_of) {
+  const core::Plan& plan = s.plan;
+  auto t0 = Clock::now();
+  std::vector<std::vector<std::size_t>> ids_of(s.tree.entries.size());
+  std::size_t largest_from_file = 0;
+  for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
+    for (std::size_t t = 0; t < replaced_of[m].size(); ++t) {
+      const int id = replaced_of[m][t];
+      if (id < 0 || s.replaced[id].tied_to >= 0 || s.replaced[id].kept_on_device) continue;
+      const core::TensorAction a = s.replaced[id].action;
+      if (a != core::TensorAction::kResident && a != core::TensorAction::kMoveOnce) continue;
+      const std::int64_t bytes =
+          s.replaced[id].handle.numel() * s.replaced[id].handle.element_size();
+      (a == core::TensorAction::kResident ? s.setup.resident_bytes : s.setup.move_once_bytes) +=
+          bytes;
+      if (s.replaced[id].from_file) {
+        largest_from_file = std::max(largest_from_file, static_cast<std::size_t>(bytes));
+      }
+      ids_of[m].push_back(static_cast<std::size_t>(id));
+    }
+    if (plan.modules[m].placement == core::Placement::kResident) ++s.setup.resident_modules;
+  }
+  engine::Stream stream = s.device->create_stream();
+  try {
+    std::optional<FileUploads> uploads;
+    if (largest_from_file > 0) uploads.emplace(s, stream, largest_from_file);
+    for (std::size_t m = 0; m < ids_of.size(); ++m) {
+      move_module_to_device(s, ids_of[m], stream, uploads ? &*uploads : nullptr);
+    }
+    if (uploads) {
+      uploads->finish();
+      s.setup.bounced_bytes = static_cast<std::int64_t>(uploads->bounced_bytes());
+    }
+  } catch (...) {
+    s.device->synchronize_stream(stream);
+    s.device->destroy_stream(stream);
+    throw;
+  }
+  s.device->destroy_stream(stream);
+  s.setup.moves_seconds = seconds_since(t0);
+}
+
+// A plan unit's streamed tensors as they lie in its slab (or its disk-tier read).
+struct UnitLayout {
+  std::vector<int> ids;              // replaced ids, model order
+  std::vector<std::size_t> offsets;  // byte offsets inside the unit
+  std::size_t bytes = 0;
+  bool pinned = false;
+  // Read from the checkpoint every step (the planner's disk tier); only when every tensor of
+  // the unit comes from the file.
+  bool disk = false;
+  // Streamed from the loader's pinned slab where its one tensor lies (Note [Loader pins] in
+  // loader_pins.cpp): no slab of its own, no copy; `data` is that tensor's memory.
+  bool adopted = false;
+  char* data = nullptr;
+  std::size_t module = 0;  // the module of its first tensor
+};
+
+// Phase 4: the units the plan streams, each with its tensors at aligned offsets.
+std::vector<UnitLayout> layout_stream_units(OffloadState& s,
+                                            const std::vector<std::vector<int>>& replaced_of) {
+  const core::Plan& plan = s.plan;
+  std::vector<UnitLayout> units;
+  std::vector<bool> patched(s.tree.entries.size(), false);
+  for (const core::StreamUnit& su : plan.stream_units) {
+    UnitLayout u;
+    if (!su.tensors.empty()) u.module = su.tensors.front().module;
+    u.disk = su.tier == "disk" && s.weights != nullptr;
+    for (const core::TensorRef& ref : su.tensors) {
+      const int id = replaced_of[ref.module][ref.tensor];
+      if (id < 0 || s.replaced[id].tied_to >= 0) continue;
+      u.disk = u.disk && s.replaced[id].from_file;
+      u.offsets.push_back(u.bytes);
+      u.ids.push_back(id);
+      u.bytes += align_up(span_bytes(s.replaced[id].handle), kTensorAlignment);
+      u.pinned = u.pinned || plan.modules[ref.module].tensors[ref.tensor].pin;
+      patched[ref.module] = true;
+    }
+    if (!u.disk && u.ids.size() == 1) {
+      ReplacedTensor& r = s.replaced[u.ids.front()];
+      const LoaderPin* pin = loader_pin_of(r.handle);
+      if (pin != nullptr && pin->streamable(r.handle, u.bytes)) {
+        u.adopted = true;
+        u.data = static_cast<char*>(r.handle.data_ptr());
+        r.loader_pin = r.handle.detach();  // keeps its slab; remove() gives it back
+      }
+    }
+    if (u.bytes > 0) units.push_back(std::move(u));
+  }
+  s.setup.modules_patched = static_cast<int>(std::count(patched.begin(), patched.end(), true));
+  s.setup.stream_units = static_cast<int>(units.size());
+  return units;
+}
+
+// Phase 5a: the host bytes of the units: the weight cache's slabs on a hit, else fresh slabs
+// (pinned where the plan says so); disk-tier units get placeholder address space instead.
+// Returns that placeholder's base (nullptr without disk-tier units).
+char* make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                      const std::vector<UnitLayout>& units, const std::vector<int>& streamed_ids) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  std::size_t disk_bytes = 0;
+  bool any_adopted = false;
+  for (const UnitLayout& u : units) {
+    rt->unit_on_disk.push_back(u.disk);
+    if (u.disk) disk_bytes = std::max(disk_bytes, u.bytes);
+    any_adopted = any_adopted || u.adopted;
+  }
+  char* disk_base = nullptr;
+  if (disk_bytes > 0) rt->disk_backing = placeholder_span(disk_bytes, &disk_base);
+  const bool any_disk = disk_base != nullptr;
+  // The pinned-weight cache keeps slabs; disk-tier units have none, so it stays out of the way.
+  if (config.cache_pinned_weights && any_disk) s.setup.weight_cache = "off: disk tier";
+  // Loader pins are the loader's: remove() gives them back, there is no slab to keep.
+  if (config.cache_pinned_weights && any_adopted && !any_disk) {
+    s.setup.weight_cache = "off: loader pins";
+  }
+  if (config.cache_pinned_weights && !any_disk && !any_adopted) {
+    std::shared_ptr<CachedWeights> cached = take_matching_cache_entry(s, streamed_ids);
+    s.setup.weight_cache = cached ? "hit" : "miss";
+    if (cached) rt->slabs = cached->slabs;
+  }
+  if (!rt->slabs) {
+    std::vector<engine::SlabTensor> slab_tensors;
+    // A disk-tier or adopted unit takes no slab bytes (its entry is empty; HostSlabs skips it).
+    for (const UnitLayout& u : units)
+      slab_tensors.push_back(
+          u.disk || u.adopted ? engine::SlabTensor{0, false}
+                              : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
+    engine::HostSlabOptions slab_options;
+    slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
+    // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
+    // pages are committed as the fill goes, so the originals freed per chunk keep host RAM near
+    // one copy (Note [Setup order]; Note [Exact-size slabs] in host_slab.cpp).
+    slab_options.pin_by_register = s.device->caps().host_register;
+    std::unique_ptr<engine::HostSlabs> fresh;
+    throw_if_error(engine::HostSlabs::create(*s.device, slab_tensors, slab_options, &fresh));
+    // The slabs keep the device that pinned them: the weight cache may outlive this offload.
+    std::shared_ptr<engine::Device> pinned_by = s.device;
+    engine::HostSlabs* raw = fresh.release();
+    rt->slabs = std::shared_ptr<engine::HostSlabs>(
+        raw, [pinned_by](engine::HostSlabs* slabs) { delete slabs; });
+  }
+  return disk_base;
+}
+
+// Phase 5b: the copy scheduler with its staging ring, and each unit's candidate block.
+void make_scheduler(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                    const std::vector<UnitLayout>& units) {
+  const core::Plan& plan = s.plan;
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  // The staging ring, sized by the one rule (Note [Working set]) against the device as it is
+  // now, after residents and move-once tensors: on a small card the window shrinks to half of
+  // what the two largest units leave, the other half being the step's activations.
+  core::StagingRequest request;
+  for (const UnitLayout& u : units) {
+    request.largest_unit_bytes =
+        std::max(request.largest_unit_bytes, static_cast<std::int64_t>(u.bytes));
+    request.streamed_bytes += static_cast<std::int64_t>(u.bytes);
+  }
+  request.window_bytes = core::to_bytes_or_throw(config.prefetch_window_mb, core::ByteUnit::kMiB,
+                                                 "prefetch_window_mb");
+  request.staging_bytes =
+      core::to_bytes_or_throw(config.staging_mb, core::ByteUnit::kMiB, "staging_mb");
+  request.one_unit_ahead = rt->sticky_units;  // the classic routes: exactly one group ahead
+  const engine::DeviceMemory mem = s.device->memory();
+  request.room_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
+  const core::StagingSize staging = core::size_staging(request);
+  engine::SchedulerOptions so;
+  so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);
+  so.window_bytes = static_cast<std::size_t>(staging.window_bytes);
+  so.use_side_stream = s.settings.side_streams_effective;
+  so.disk_ring_bytes = static_cast<std::size_t>(plan.disk_ring_bytes);
+  rt->scheduler_owner = std::make_unique<engine::CopyScheduler>(*s.device, so);
+  rt->scheduler = rt->scheduler_owner.get();
+  // Note [Copy timing]: a sample of the copies keeps the link measured at a sixteenth of the
+  // per-op cost; calibration and mark_step() time every copy.
+  rt->scheduler->set_timing(engine::Timing::kSampled);
+  {
+    // The candidate (block) of each unit: the nearest ancestor-or-self the planner marked.
+    std::set<std::string> candidates;
+    for (const core::ModulePlan& mp : plan.modules) {
+      if (mp.resident_candidate) candidates.insert(mp.name);
+    }
+    for (const UnitLayout& u : units) {
+      std::string name = plan.modules[u.module].name;
+      while (!name.empty() && candidates.count(name) == 0) {
+        const std::size_t dot = name.rfind('.');
+        name = dot == std::string::npos ? std::string() : name.substr(0, dot);
+      }
+      rt->unit_candidate.push_back(name);
+    }
+  }
+}
+
+// Phase 5c: fills the slabs and re-points every streamed tensor at its managed storage.
+void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                      const std::vector<UnitLayout>& units, char* disk_base, int pin_workers) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  auto unit_data = [&](std::size_t ui) -> char* {
+    if (units[ui].disk) return disk_base;
+    if (units[ui].adopted) return units[ui].data;
+    return static_cast<char*>(rt->slabs->tensor_ptr(ui));
+  };
+  // Fill and re-point in chunks (Note [Setup order]).
+  std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
+  std::vector<WeightSource::Read> reads;  // the loader's: file -> slab, no CPU copy
+  std::vector<std::pair<std::size_t, std::size_t>> pending;  // (unit, index in unit)
+  std::vector<at::Tensor> keep_sources;
+  std::size_t chunk_bytes = 0;
+  auto flush = [&] {
+    engine::parallel_memcpy(jobs, pin_workers);
+    if (!reads.empty()) s.weights->read(reads, s.record_event);
+    reads.clear();
+    for (const auto& [ui, k] : pending) {
+      const UnitLayout& u = units[ui];
+      ReplacedTensor& r = s.replaced[u.ids[k]];
+      char* data = unit_data(ui) + u.offsets[k];
+      at::Tensor managed =
+          make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
+                              r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
+      set_weight(r.handle, managed);
+      if (r.handle.requires_grad()) r.handle.set_requires_grad(false);
+    }
+    jobs.clear();
+    pending.clear();
+    keep_sources.clear();
+    chunk_bytes = 0;
+    // Originals below glibc's mmap threshold were freed into the heap; hand those pages back
+    // so the process holds about one copy of the model (Note [Setup order]).
+    core::os::trim_heap();
+  };
+  for (std::size_t ui = 0; ui < units.size(); ++ui) {
+    const UnitLayout& u = units[ui];
+    for (std::size_t k = 0; k < u.ids.size(); ++k) {
+      const ReplacedTensor& r = s.replaced[u.ids[k]];
+      const at::Tensor& h = r.handle;
+      s.setup.streamed_bytes += h.numel() * h.element_size();
+      if (u.disk) {
+        // Stays in the file; the scheduler reads it every step (no bytes now).
+        s.setup.disk_bytes += h.numel() * h.element_size();
+        pending.emplace_back(ui, k);
+        continue;
+      }
+      if (u.adopted) {
+        // Stays in the loader's pinned slab (Note [Loader pins]): no copy.
+        s.setup.adopted_bytes += h.numel() * h.element_size();
+        ++s.setup.adopted_units;
+        pending.emplace_back(ui, k);
+        continue;
+      }
+      char* dst = static_cast<char*>(rt->slabs->tensor_ptr(ui)) + u.offsets[k];
+      if (r.from_file) {
+        reads.push_back({r.name, dst, h.scalar_type(), h.numel()});
+        chunk_bytes += span_bytes(h);
+        pending.emplace_back(ui, k);
+        continue;
+      }
+      at::Tensor src = host_source(h);
+      const std::size_t n = span_bytes(src);
+      if (n > 0 && dst == src.data_ptr()) {
+        // Already in its cached slab region (Note [Pinned-weight cache]): no copy.
+        s.setup.weight_cache_reused_bytes += static_cast<std::int64_t>(n);
+        if (sample_fingerprint(dst, n) != cached_fingerprint(s, u.ids[k])) {
+          ++s.setup.weight_cache_changed_in_place;
+        }
+      } else if (n > 0) {
+        jobs.emplace_back(dst, src.data_ptr(), n);
+        chunk_bytes += n;  // only copies count: a cache hit flushes (and trims) once
+        if (s.setup.weight_cache == "hit") {
+          s.setup.weight_cache_refilled_bytes += static_cast<std::int64_t>(n);
+        }
+      }
+      keep_sources.push_back(std::move(src));
+      pending.emplace_back(ui, k);
+    }
+    if (chunk_bytes >= kFillChunkBytes) flush();
+  }
+  flush();
+  throw_if_error(rt->slabs->pin_registered(pin_workers));
+  s.cached_fingerprints.clear();
+  if (config.cache_pinned_weights) {
+    count_weight_cache_attach(s.setup.weight_cache == "hit", s.setup.weight_cache_reused_bytes,
+                              s.setup.weight_cache_refilled_bytes,
+                              s.setup.weight_cache_changed_in_place);
+  }
+}
+
+// Phase 5d: registers every unit with the scheduler, in unit order (ids follow add()).
+void register_units(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                    const std::vector<UnitLayout>& units) {
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const UnitLayout& u = units[i];
+    int id = -1;
+    if (u.disk) {
+      // The unit's tensors at their offsets, read by the scheduler's reader threads.
+      std::vector<WeightSource::Read> unit_reads;
+      for (std::size_t k = 0; k < u.ids.size(); ++k) {
+        const ReplacedTensor& r = s.replaced[u.ids[k]];
+        unit_reads.push_back({r.name, reinterpret_cast<void*>(u.offsets[k]), r.handle.scalar_type(),
+                              r.handle.numel()});
+      }
+      id = rt->scheduler->add_from_reader(
+          u.bytes, [source = s.weights, unit_reads = std::move(unit_reads)](void* dst) {
+            return source->read_unit(unit_reads, static_cast<char*>(dst));
+          });
+    } else if (u.adopted) {
+      id = rt->scheduler->add(u.data, u.bytes, /*pinned=*/true);
+    } else {
+      id = rt->scheduler->add(rt->slabs->tensor_ptr(i), u.bytes, rt->slabs->tensor_pinned(i));
+    }
+    DDO_ASSERT(id == static_cast<int>(i), "scheduler unit ids must follow add() order");
+  }
+}
+
+// Phase 5: the stream runtime (5a-5d), finalized; the offload owns it from here.
+void build_stream_runtime(OffloadState& s, const std::vector<UnitLayout>& units, int pin_workers) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  auto t0 = Clock::now();
+  auto rt = std::make_shared<StreamRuntime>();
+  rt->kind = s.kind;
+  rt->execution_device = s.torch_device;
+  rt->sticky_units =
+      config.route == core::Route::kGroupBlock || config.route == core::Route::kGroupLeaf;
+  rt->device = s.device;
+  rt->interception = acquire_interception();
+
+  std::vector<int> streamed_ids;
+  for (std::size_t ui = 0; ui < units.size(); ++ui) {
+    s.unit_bytes.push_back(units[ui].bytes);
+    for (std::size_t k = 0; k < units[ui].ids.size(); ++k) {
+      s.replaced[units[ui].ids[k]].unit = static_cast<int>(ui);
+      s.replaced[units[ui].ids[k]].unit_offset = units[ui].offsets[k];
+      streamed_ids.push_back(units[ui].ids[k]);
+    }
+  }
+  char* disk_base = make_host_slabs(s, rt, units, streamed_ids);
+  make_scheduler(s, rt, units);
+  fill_and_repoint(s, rt, units, disk_base, pin_workers);
+  register_units(s, rt, units);
+  const engine::HostSlabStats& hs = rt->slabs->stats();
+  s.setup.pinned_bytes = hs.pinned_bytes;
+  s.setup.pageable_bytes = hs.pageable_bytes;
+  s.setup.pin_fallback_bytes = hs.pin_fallback_bytes;
+  s.setup.pin_seconds = seconds_since(t0);
+  emit(s, "pin", s.setup.pin_seconds,
+       {{"pinned_bytes", hs.pinned_bytes},
+        {"pageable_bytes", hs.pageable_bytes},
+        {"pin_fallback_bytes", hs.pin_fallback_bytes},
+        {"fill_seconds", hs.fill_seconds},
+        {"register_seconds", hs.register_seconds},
+        {"slabs", hs.pinned_slabs + hs.pageable_slabs},
+        {"units", units.size()},
+        {"weight_cache", s.setup.weight_cache},
+        {"weight_cache_reused_bytes", s.setup.weight_cache_reused_bytes}});
+
+  t0 = Clock::now();
+  throw_if_error(rt->scheduler->finalize());
+  s.setup.staging_bytes = static_cast<std::int64_t>(rt->scheduler->staging_bytes());
+  s.setup.disk_ring_bytes = rt->scheduler->stats().disk_ring_bytes;
+  s.setup.moves_seconds += seconds_since(t0);
+  s.runtime = std::move(rt);
+}
+
+// Phase 6: the report's moves, the loader's totals, tied views.
+void finish_attach(OffloadState& s) {
+  emit(s, "moves", s.setup.moves_seconds,
+       {{"resident_bytes", s.setup.resident_bytes},
+        {"move_once_bytes", s.setup.move_once_bytes},
+        {"staging_bytes", s.setup.staging_bytes},
+        {"resident_modules", s.setup.resident_modules}});
+
+  if (s.weights) {
+    s.weights->finish(s.record_event);
+    s.setup.load_bytes = static_cast<std::int64_t>(s.weights->bytes_read());
+    s.setup.load_seconds = s.weights->seconds();
+  }
+
+  // Tied views follow their first tensor.
+  for (ReplacedTensor& r : s.replaced) {
+    if (r.tied_to < 0) continue;
+    at::Tensor target = s.replaced[r.tied_to].handle;
+    set_weight(r.handle, target.detach());
+    if (r.handle.requires_grad() && managed_of(target) != nullptr)
+      r.handle.set_requires_grad(false);
+  }
+}
+
+}  // namespace
+
+void apply_plan(OffloadState& s, int pin_workers) {
+  // Note [Attach phases].
+  std::vector<std::size_t> stays_from_file;
+  const std::vector<std::vector<int>> replaced_of = collect_replaced(s, stays_from_file);
+  check_smallest_plan_fits(s);
+  if (!stays_from_file.empty()) read_kept_from_file(s, replaced_of, std::move(stays_from_file));
+  place_residents(s, replaced_of);
+  const std::vector<UnitLayout> units = layout_stream_units(s, replaced_of);
+  if (!units.empty()) build_stream_runtime(s, units, pin_workers);
+  finish_attach(s);
+}
+
+namespace {
+
+// The bound of Note [Pinned-weight cache]: the explicit pin bounds, else RAM less the headroom.
+std::optional<std::int64_t> weight_cache_budget(const OffloadState& s) {
+  const core::DynamicOffloadConfig& c = s.settings.config;
+  std::optional<std::int64_t> bound;
+  for (double gb : {c.pin_weight_budget_gb, c.max_pin_weight_budget_gb}) {
+    if (gb <= 0) continue;
+    const auto b = static_cast<std::int64_t>(gb * core::kGiB);
+    bound = bound ? std::min(*bound, b) : b;
+  }
+  if (bound) return bound;
+  const std::optional<std::int64_t> available = s.settings.available_ram_bytes();
+  if (!available) return std::nullopt;
+  const auto headroom = static_cast<std::int64_t>(c.system_ram_headroom_gb * core::kGiB);
+  // Detected free RAM does not count what the cache and this offload's slabs already hold.
+  std::int64_t held = 0;
+  if (!c.available_system_ram_gb) {
+    held = pinned_weight_cache_stats().bytes;
+    if (s.runtime) held += s.runtime->slabs->stats().slab_bytes;
+  }
+  return std::max<std::int64_t>(0, *available + held - headroom);
+}
+
+// An empty cache entry for this offload's slabs when remove() should keep them, else null: the
+// cache is on and kept, something is streamed, every streamed weight came from the CPU, and the
+// slabs fit the bound (a larger entry is counted as rejected).
+std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep) {
+  if (!keep || !s.settings.config.cache_pinned_weights || !s.runtime || !s.runtime->slabs) {
+    return nullptr;
+  }
+  for (const bool on_disk : s.runtime->unit_on_disk) {
+    if (on_disk) return nullptr;  // a disk-tier unit has no slab to keep
+  }
+  if (s.setup.adopted_units > 0) return nullptr;  // loader pins go back to the loader's tensors
+  for (const ReplacedTensor& r : s.replaced) {
+    if (r.unit >= 0 && r.tied_to < 0 && !r.original_device.is_cpu()) return nullptr;
+  }
+  auto entry = std::make_shared<CachedWeights>();
+  entry->ns = s.settings.config.pinned_weight_cache_namespace;
+  entry->key = s.weight_cache_key;
+  entry->slabs = s.runtime->slabs;
+  entry->unit_bytes = s.unit_bytes;
+  entry->bytes = s.runtime->slabs->stats().slab_bytes;
+  const std::optional<std::int64_t> budget = weight_cache_budget(s);
+  if (budget && entry->bytes > *budget) {
+    (void)put_cached_weights(std::move(entry), budget);  // counts the rejection
+    return nullptr;
+  }
+  return entry;
+}
+
+}  // namespace
+
+// Note [Restore in two phases]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// remove() first builds every tensor the model gets back (reads from the checkpoint for the disk
+// tier, copies out of the slabs, device copies), and only when all of them exist re-points the
+// parameters, which cannot fail. A failure in the first phase (a shard truncated since the load,
+// out of memory) therefore leaves the offload exactly as it was: still active, every weight
+// still served, and the error says so; the host fixes the cause and calls remove() again. A copy
+// keeps the tensor's own layout (sizes, strides, storage offset) over a storage of the same
+// extent, so a weight whose strides overlap (an expanded view, stride 0) comes back as such.
+at::Tensor copy_with_layout(const at::Tensor& t) {
+  const std::size_t span = span_bytes(t);
+  const int64_t extent = static_cast<int64_t>(span / t.element_size());
+  at::Tensor base = at::empty({extent}, at::TensorOptions().dtype(t.dtype()));
+  if (extent > 0) base.copy_(t.detach().as_strided({extent}, {1}, t.storage_offset()));
+  return base.as_strided(t.sizes(), t.strides(), 0);
+}
+
+void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_residents) {
+  if (!active) return;
+  ScopedUncountedCpuAllocations uncounted;
+  if (runtime) {
+    runtime->release_held();
+    runtime->scheduler->drain();
+  }
+  if (device) device->synchronize_stream(engine::kDefaultStream);
+  at::AutoGradMode no_grad(false);
+  std::shared_ptr<CachedWeights> entry =
+      setup_failed ? nullptr : make_cache_entry(*this, keep_weight_cache);
+  // Phase 1 (Note [Restore in two phases]): what each parameter gets back; nothing re-pointed.
+  std::vector<at::Tensor> restored(replaced.size());
+  std::vector<const at::Tensor*> kept;  // left on the device: remembered once phase 1 succeeded
+  std::int64_t kept_bytes = 0;
+  try {
+    for (std::size_t i = 0; i < replaced.size(); ++i) {
+      ReplacedTensor& r = replaced[i];
+      if (r.tied_to >= 0) {
+        restored[i] = restored[r.tied_to];
+      } else if (setup_failed && r.from_file) {
+        restored[i] = make_placeholder(r.sizes, r.handle.scalar_type());
+      } else if (keep_residents && kind == engine::DeviceKind::kCuda &&
+                 (r.action == core::TensorAction::kResident ||
+                  r.action == core::TensorAction::kMoveOnce) &&
+                 r.handle.device() == torch_device) {
+        // Stays in its device chunk for the next attach (RemoveOptions::keep_residents_on_device),
+        // which finds it on the execution device and moves nothing.
+        restored[i] = r.handle.detach();
+        kept_bytes += static_cast<std::int64_t>(span_bytes(r.handle));
+        kept.push_back(&restored[i]);
+      } else if (r.unit >= 0 && runtime &&
+                 runtime->unit_on_disk[static_cast<std::size_t>(r.unit)] && weights) {
+        // Disk tier: the weight was never in host memory; the model the host gets back reads it
+        // from the checkpoint once more, into an ordinary CPU tensor.
+        restored[i] = weights->read_cpu(r.name, r.handle, record_event);
+        if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
+      } else if (r.loader_pin.defined()) {
+        // Streamed where the loader pinned it: the loader's own tensor again (Note [Loader
+        // pins]), so a later attach adopts it once more.
+        restored[i] = r.loader_pin;
+      } else if (entry && r.unit >= 0) {
+        // Stays in its slab region, now owned by the cache and this view together.
+        char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
+        const std::size_t span = span_bytes(r.handle);
+        CachedTensor c;
+        c.name = r.name;
+        c.sizes = r.sizes;
+        c.strides = r.strides;
+        c.dtype = r.handle.scalar_type();
+        c.unit = static_cast<std::size_t>(r.unit);
+        c.offset = r.unit_offset;
+        c.span = span;
+        c.fingerprint = sample_fingerprint(data, span);
+        restored[i] =
+            make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime->slabs, &c.lease);
+        entry->tensors.push_back(std::move(c));
+      } else {
+        at::Tensor fresh = copy_with_layout(r.handle);
+        if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);
+        restored[i] = fresh;
+      }
+    }
+  } catch (const std::exception& e) {
+    throw Error(Code::kDataLoss,
+                ddo::internal::str_cat(
+                    "remove() could not restore the weights of ", model_class, ": ", e.what(),
+                    "; nothing was changed: the offload is still active and the model runs as "
+                    "before. Fix the cause (e.g. restore the checkpoint file) and call remove() "
+                    "again"));
+  }
+  // Phase 2: cannot fail.
+  active = false;
+  if (!keep_weight_cache && settings.config.cache_pinned_weights) {
+    (void)take_cached_weights(weight_cache_key);  // dropped
+  }
+  for (const at::Tensor* t : kept) remember_kept_on_device(*t);
+  kept_on_device_bytes += kept_bytes;
+  for (std::size_t i = 0; i < replaced.size(); ++i) {
+    ReplacedTensor& r = replaced[i];
+    r.handle.set_data(restored[i]);
+    if (r.handle.is_leaf() && r.handle.requires_grad() != r.requires_grad) {
+      r.handle.set_requires_grad(r.requires_grad);
+    }
+  }
+  if (entry) {
+    std::sort(entry->tensors.begin(), entry->tensors.end(),
+              [](const CachedTensor& a, const CachedTensor& b) {
+                return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
+              });
+    // make_cache_entry checked the size against the budget, so the entry is kept.
+    (void)put_cached_weights(std::move(entry), weight_cache_budget(*this));
+  }
+  replaced.clear();
+  runtime.reset();
+  counting.reset();
+  weights.reset();  // the disk tier's files
+}
+
+}  // namespace internal
+}  // namespace ddo::adapter
