@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "ddo/core/inventory.h"
@@ -162,9 +163,15 @@ std::unique_ptr<adapter::Offload> attach_with_events(
   events->check_signals = args.check_signals;
   options.record_event = SetupEvents::callback(events);
   std::unique_ptr<adapter::Offload> offload;
-  {
+  // The attach's warnings (TORCH_WARN: e.g. a preset's budget that disables a named profile)
+  // become Python UserWarnings when this returns, as torch's own bindings do.
+  torch::PyWarningHandler warnings;
+  try {
     py::gil_scoped_release release;
     offload = attach(options);
+  } catch (...) {
+    warnings.set_in_exception();
+    throw;
   }
   if (events->deferred) {
     std::exception_ptr deferred = std::exchange(events->deferred, nullptr);

@@ -211,3 +211,30 @@ def test_python_profile_is_visible_to_the_cpp_store(profile_dir):
                              env={**os.environ, "DDO_PROFILE_DIR": str(profile_dir)})
         assert out.returncode == 0, out.stderr
         assert "shared-with-cli" in out.stdout
+
+
+def test_a_preset_budget_that_disables_the_named_profile_warns(profile_dir, monkeypatch):
+    # Note [Preset budgets and named profiles]: the preset's fixed budget still wins (as in
+    # diffusers-dynamic-offloader), but the user who named a profile hears why it is not used.
+    for preset, env in (("warm_process", None), (None, "low_ram_safe")):
+        if env:
+            monkeypatch.setenv("DDO_PRESET", env)
+        model = TinyNet().eval()
+        with pytest.warns(UserWarning, match=r"profile 'named' is not used: preset "
+                                             r"(warm_process|low_ram_safe) sets a fixed resident "
+                                             r"budget of \d+ GiB.*resident_module_budget_gb=0"):
+            offload = enable_offload(model, preset=preset, profile_name="named",
+                                     execution_device="sim")
+        report = offload.profile_report
+        assert report["status"] == "disabled"
+        assert any("is not used" in n for n in report["notes"]), report
+        offload.remove()
+    # A budget the user set is the user's choice: no warning.
+    import warnings as _warnings
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        offload = enable_offload(TinyNet().eval(), preset="warm_process", profile_name="named",
+                                 execution_device="sim", resident_module_budget_gb=2.0)
+    assert offload.profile_report["status"] == "disabled"
+    offload.remove()

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "ddo/core/config.h"
+#include "ddo/core/presets.h"
 #include "ddo/core/units.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/weight_cache.h"
@@ -50,6 +51,31 @@ core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
                                 options.extra_skip_patterns.end());
   throw_if_error(core::validate_config(c));
   return settings;
+}
+
+// Note [Preset budgets and named profiles]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// low_ram_safe, wsl_compat and warm_process carry fixed resident budgets (3 or 6 GiB). A fixed
+// budget overrides profile reuse (the override order of docs/design/0006-configuration.md, and
+// diffusers-dynamic-offloader, whose presets set the same budget variable): the profile is not
+// read and its status is "disabled". That stays, so the two libraries agree on which budget a
+// run uses; but a user who names a profile and picks one of these presets did not ask for a
+// fixed budget, so the attach says so: a warning (a Python UserWarning) and a note in the
+// profile report, naming the preset, its budget and the way to use the profile.
+void warn_if_the_preset_disables_the_profile(const core::DynamicOffloadConfig& config,
+                                             const std::string& budget_origin,
+                                             core::PreparedProfile* prepared) {
+  if (prepared->status != core::ProfileStatus::kDisabled || config.profile_name.empty() ||
+      budget_origin.rfind("preset ", 0) != 0) {
+    return;
+  }
+  const std::string text = fmt::format(
+      "ddo: profile '{}' is not used: {} sets a fixed resident budget of {:g} GiB, which "
+      "overrides profile reuse; pass resident_module_budget_gb=0 to use the profile (or choose a "
+      "preset without a fixed budget, e.g. auto)",
+      config.profile_name, budget_origin, config.resident_module_budget_gb);
+  prepared->report.notes.push_back(text);
+  TORCH_WARN(text);
 }
 
 }  // namespace internal
@@ -136,6 +162,33 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   total_vram = internal::capped_vram_bytes(total_vram, config);
   s->setup.resolve_seconds = internal::seconds_since(t0);
 
+  // Who set a fixed resident budget, for the planner's resident_budget_fit decision (Note
+  // [Resident budget fits the card] in core/src/planner_residency.cpp) and the profile's warning.
+  std::string budget_origin;
+  if (config.resident_module_budget_gb > 0) {
+    // Settings resolved by the caller (the Python package resolves DDO_PRESET itself) still name
+    // their preset: its own value, with no variable setting the field, came from the preset.
+    core::DynamicOffloadConfig preset_config;
+    core::PresetInfo preset_info;
+    const bool preset_value =
+        !options.config && options.settings &&
+        s->settings.effective_preset != core::kCustomPreset &&
+        core::apply_preset(s->settings.effective_preset, &preset_config, &preset_info).ok() &&
+        preset_config.resident_module_budget_gb == config.resident_module_budget_gb &&
+        env.count("DDO_RESIDENT_MODULE_BUDGET_GB") == 0;
+    if (options.overrides.contains("resident_module_budget_gb")) {
+      budget_origin = "an enable_offload override";
+    } else if (preset_value) {
+      budget_origin = "preset " + s->settings.effective_preset;
+    } else if (options.config || options.settings) {
+      budget_origin = "the config passed by code";
+    } else if (env.count("DDO_RESIDENT_MODULE_BUDGET_GB") > 0) {
+      budget_origin = "DDO_RESIDENT_MODULE_BUDGET_GB";
+    } else {
+      budget_origin = "preset " + s->settings.effective_preset;
+    }
+  }
+
   // Profile.
   {
     core::ProfileStoreOptions so;
@@ -145,6 +198,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
     facts.is_cuda_like = s->device_name != "cpu";
     facts.total_vram_bytes = total_vram;
     s->prepared = core::prepare_profile(config, s->model_class, *s->store, facts);
+    internal::warn_if_the_preset_disables_the_profile(config, budget_origin, &s->prepared);
     s->profile_report = s->prepared.report.to_json();
   }
 
@@ -163,19 +217,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
         static_cast<std::int64_t>(*s->prepared.resident_budget_gb * core::kGiB);
   }
   if (!ctx.calibrating) ctx.candidate_compute_ms = s->prepared.candidate_compute_ms;
-  if (config.resident_module_budget_gb > 0) {
-    // Who set the fixed budget, for the planner's resident_budget_fit decision (Note [Resident
-    // budget fits the card] in core/src/planner_residency.cpp).
-    if (options.overrides.contains("resident_module_budget_gb")) {
-      ctx.resident_budget_origin = "an enable_offload override";
-    } else if (options.config || options.settings) {
-      ctx.resident_budget_origin = "the config passed by code";
-    } else if (env.count("DDO_RESIDENT_MODULE_BUDGET_GB") > 0) {
-      ctx.resident_budget_origin = "DDO_RESIDENT_MODULE_BUDGET_GB";
-    } else {
-      ctx.resident_budget_origin = "preset " + s->settings.effective_preset;
-    }
-  }
+  ctx.resident_budget_origin = budget_origin;
   {
     // The planner gets the mode the user asked for: it resolves it by the same rule and records
     // the decision that did (sdnq_runtime_auto), so the report explains the runtime.

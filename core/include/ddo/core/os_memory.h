@@ -10,16 +10,16 @@
 /// ddo::core::os::release_zero_pages(zeros, std::size_t{4} << 30);
 /// ddo::core::os::trim_heap();   // after freeing many small tensors
 /// ```
-///
-/// Note [Zero pages per platform]
-/// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-/// The loader's placeholders (Note [Placeholders] in torch/src/loader.cpp) need address space
-/// that reads as zeros, faults on a write, and costs no memory. POSIX gives exactly that:
-/// mmap(PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE), every page the one zero page.
-/// Windows has no uncommitted readable memory, so VirtualAlloc(MEM_RESERVE | MEM_COMMIT,
-/// PAGE_READONLY) commits it: still no physical memory until touched (and a read-only page is
-/// never written), but the size counts against the system's commit limit (RAM + page file).
 #pragma once
+
+// Note [Zero pages per platform]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The loader's placeholders (Note [Placeholders] in torch/src/loader.cpp) need address space
+// that reads as zeros, faults on a write, and costs no memory. POSIX gives exactly that:
+// mmap(PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE), every page the one zero page.
+// Windows has no uncommitted readable memory, so VirtualAlloc(MEM_RESERVE | MEM_COMMIT,
+// PAGE_READONLY) commits it: still no physical memory until touched (and a read-only page is
+// never written), but the size counts against the system's commit limit (RAM + page file).
 
 #include <cstddef>
 #include <string>

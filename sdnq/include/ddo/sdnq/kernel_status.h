@@ -28,7 +28,7 @@ const char* to_string(KernelPath path);
 
 /// One op kind's path on one device, and why.
 struct KernelStatus {
-  KernelPath path = KernelPath::kReference;
+  KernelPath path = KernelPath::kReference;  ///< the implementation that runs
   std::string reason;  ///< e.g. "sm_86 code in libddo_sdnq", "DDO_KERNELS=reference"
 };
 
