@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <mutex>
 #include <set>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "os_file.h"
 
 namespace ddo::core {
 using nlohmann::json;
@@ -427,25 +430,61 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
 // CalibrationRegionLock.
 // ---------------------------------------------------------------------------------------------
 
+// Note [Calibration across processes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A calibration reads the GPU's used memory (the driver's figure, which counts every process on
+// the card) while its run goes. Two processes calibrating on one GPU would each measure the
+// other's memory and save a budget that is too small, or too large for when the other process
+// is gone. The in-process registry cannot see another process, so a region on a CUDA device also
+// takes a lock file, without waiting: "ddo-calibrating-cuda-<N>.lock" in the system's temporary
+// folder, one for all users' processes on the machine. A held lock is the other process's
+// region: the attach fails naming it. The lock is an OS lock (flock, LockFileEx), released when
+// its process ends, so a killed process leaves nothing to clean. Processes that number the GPUs
+// differently (CUDA_VISIBLE_DEVICES) can see one card under two indices; the lock follows the
+// index, so such a pair is not refused. A lock file that cannot be created or opened (a
+// read-only temporary folder, another user's file) leaves the region guarded within the process
+// only.
+std::filesystem::path CalibrationRegionLock::lock_file_for(std::string_view device) {
+  const std::string key = normalize_calibration_device(device).value_or(std::string(device));
+  if (key.rfind("cuda", 0) != 0) return {};
+  std::string name = "ddo-calibrating-" + key + ".lock";
+  std::replace(name.begin(), name.end(), ':', '-');
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+  if (ec) return {};
+  return dir / name;
+}
+
 CalibrationRegionLock CalibrationRegionLock::acquire(std::string_view device) {
   std::string key = normalize_calibration_device(device).value_or(std::string(device));
   RegionRegistry& registry = region_registry();
   std::lock_guard<std::mutex> guard(registry.mu);
-  DDO_CHECK(registry.active.insert(key).second, Code::kFailedPrecondition,
+  DDO_CHECK(registry.active.count(key) == 0, Code::kFailedPrecondition,
             "a profile_run() region is already active on ", key,
             "; nested or concurrent calibration regions on one device are not supported (they "
             "would reset each other's peak counters); finish the first region before starting "
             "another");
-  return CalibrationRegionLock(std::move(key));
+  int fd = -1;
+  if (const std::filesystem::path lock = lock_file_for(key); !lock.empty()) {
+    const os::Result r = os::lock_file(lock, &fd, /*wait=*/false);
+    DDO_CHECK(r.fail != os::Fail::kExists, Code::kFailedPrecondition,
+              "another process is calibrating on ", key, " (it holds ", lock.string(),
+              "); two calibrations on one GPU would each measure the other's memory and save a "
+              "wrong budget: wait until that run ends, or calibrate on another GPU");
+    if (!r.ok()) fd = -1;  // Note [Calibration across processes]: in-process guard only
+  }
+  registry.active.insert(key);
+  return CalibrationRegionLock(std::move(key), fd);
 }
 
 CalibrationRegionLock::CalibrationRegionLock(CalibrationRegionLock&& other) noexcept
-    : device_(std::exchange(other.device_, std::string())) {}
+    : device_(std::exchange(other.device_, std::string())), fd_(std::exchange(other.fd_, -1)) {}
 
 CalibrationRegionLock& CalibrationRegionLock::operator=(CalibrationRegionLock&& other) noexcept {
   if (this != &other) {
     release();
     device_ = std::exchange(other.device_, std::string());
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -455,6 +494,7 @@ CalibrationRegionLock::~CalibrationRegionLock() {
 }
 
 void CalibrationRegionLock::release() {
+  if (fd_ >= 0) os::unlock_file(std::exchange(fd_, -1));
   if (device_.empty()) return;
   RegionRegistry& registry = region_registry();
   std::lock_guard<std::mutex> guard(registry.mu);

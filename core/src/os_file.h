@@ -89,8 +89,9 @@ Result read_regular_file(const std::filesystem::path& path, std::size_t max_byte
 
 /// Opens (creating) `lock_path` and locks it exclusively, waiting for other holders; `*fd` is a
 /// C runtime file descriptor that unlock_file() releases. On POSIX it re-checks after locking
-/// that the file was not deleted meanwhile (and retries on the current one).
-Result lock_file(const std::filesystem::path& lock_path, int* fd);
+/// that the file was not deleted meanwhile (and retries on the current one). With `wait` false it
+/// does not wait: kExists when another holder has it.
+Result lock_file(const std::filesystem::path& lock_path, int* fd, bool wait = true);
 
 /// Unlocks and closes a descriptor from lock_file().
 void unlock_file(int fd);

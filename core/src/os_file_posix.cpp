@@ -157,18 +157,22 @@ Result read_regular_file(const fs::path& path, std::size_t max_bytes, std::strin
   return {};
 }
 
-Result lock_file(const fs::path& lock_path, int* out) {
+Result lock_file(const fs::path& lock_path, int* out, bool wait) {
   for (;;) {
     const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       return other(fmt::format("cannot open lock file '{}'", lock_path.filename().string()), errno);
     }
     int rc = 0;
-    while ((rc = ::flock(fd, LOCK_EX)) != 0 && errno == EINTR) {
+    while ((rc = ::flock(fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
     }
     if (rc != 0) {
       const int err = errno;
       ::close(fd);
+      if (!wait && err == EWOULDBLOCK) {
+        return Result{Fail::kExists,
+                      fmt::format("'{}' is locked by another process", lock_path.string())};
+      }
       return other(fmt::format("cannot lock '{}'", lock_path.filename().string()), err);
     }
     // If a remover unlinked the lock file between our open and flock, we hold a lock nobody

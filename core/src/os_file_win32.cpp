@@ -208,7 +208,7 @@ Result read_regular_file(const fs::path& path, std::size_t max_bytes, std::strin
   return {};
 }
 
-Result lock_file(const fs::path& lock_path, int* out) {
+Result lock_file(const fs::path& lock_path, int* out, bool wait) {
   // No FILE_SHARE_DELETE: while any process has the lock file open nobody can delete it, so the
   // file locked is always the file named (the POSIX re-check is not needed).
   HANDLE file = CreateFileW(lock_path.c_str(), GENERIC_READ | GENERIC_WRITE,
@@ -219,9 +219,14 @@ Result lock_file(const fs::path& lock_path, int* out) {
                  GetLastError());
   }
   OVERLAPPED whole{};  // offset 0, the whole range below: one lock for the file
-  if (!LockFileEx(file, LOCKFILE_EXCLUSIVE_LOCK, 0, MAXDWORD, MAXDWORD, &whole)) {
+  const DWORD flags = LOCKFILE_EXCLUSIVE_LOCK | (wait ? 0 : LOCKFILE_FAIL_IMMEDIATELY);
+  if (!LockFileEx(file, flags, 0, MAXDWORD, MAXDWORD, &whole)) {
     const DWORD err = GetLastError();
     CloseHandle(file);
+    if (!wait && err == ERROR_LOCK_VIOLATION) {
+      return Result{Fail::kExists,
+                    fmt::format("'{}' is locked by another process", lock_path.string())};
+    }
     return other(fmt::format("cannot lock '{}'", lock_path.filename().string()), err);
   }
   // A C runtime descriptor owns the handle from here (FileLock keeps an int).

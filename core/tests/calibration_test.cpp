@@ -2,12 +2,18 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
+
+#include "child_process.h"
+#include "test_files.h"
 
 namespace ddo::core {
 namespace {
@@ -564,6 +570,61 @@ TEST(CalibrationRegionLockTest, NestedRegionsOnOneDeviceAreRefused) {
   EXPECT_THROW((void)CalibrationRegionLock::acquire("cuda:0"), Error);
   { CalibrationRegionLock released = std::move(moved); }
   EXPECT_NO_THROW((void)CalibrationRegionLock::acquire("cuda:0"));
+}
+
+using ddo::testing::ChildProcess;
+using ddo::testing::start_child;
+
+// Note [Calibration across processes]. The device index is this test process's own (derived
+// from its id), so concurrent test runs on one machine do not meet on one lock file.
+std::string unique_cuda_device() {
+  return "cuda:" + std::to_string(200 + ddo::testing::process_id() % 800);
+}
+
+// Waits (polling, bounded) until `path` exists; false when the bound passes first.
+bool wait_for_file(const fs::path& path) {
+  for (int i = 0; i < 600; ++i) {
+    if (fs::exists(path)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// args: device, folder. Holds a region on the device until <folder>/release appears.
+DDO_TEST_CHILD(hold_calibration_region) {
+  CalibrationRegionLock lock = CalibrationRegionLock::acquire(args.at(0));
+  std::ofstream(fs::path(args.at(1)) / "held") << "held";
+  return wait_for_file(fs::path(args.at(1)) / "release") ? 0 : 3;
+}
+
+TEST(CalibrationRegionLockTest, ARegionInAnotherProcessOnTheSameGpuIsRefused) {
+  const std::string device = unique_cuda_device();
+  const fs::path lock = CalibrationRegionLock::lock_file_for(device);
+  ASSERT_FALSE(lock.empty());
+  EXPECT_NE(lock.filename().string().find("ddo-calibrating-cuda-"), std::string::npos) << lock;
+  EXPECT_TRUE(CalibrationRegionLock::lock_file_for("sim:0").empty());  // per process
+  const fs::path dir =
+      fs::temp_directory_path() / ("ddo-region-lock-" + std::to_string(ddo::testing::process_id()));
+  fs::create_directories(dir);
+  ChildProcess child = start_child("hold_calibration_region", {device, dir.string()});
+  ASSERT_GT(child.pid(), 0);
+  ASSERT_TRUE(wait_for_file(dir / "held")) << "the child never took the region";
+  try {
+    (void)CalibrationRegionLock::acquire(device);
+    ADD_FAILURE() << "a region held by another process was allowed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Code::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("another process is calibrating on " + device),
+              std::string::npos)
+        << e.what();
+  }
+  // Another GPU is free, and so is this one once the other process's region ends.
+  EXPECT_NO_THROW((void)CalibrationRegionLock::acquire(
+      "cuda:" + std::to_string(1 + 200 + ddo::testing::process_id() % 800)));
+  std::ofstream(dir / "release") << "go";
+  EXPECT_EQ(child.wait(), 0);
+  EXPECT_NO_THROW((void)CalibrationRegionLock::acquire(device));
+  ddo::testing::remove_tree(dir);
 }
 
 }  // namespace

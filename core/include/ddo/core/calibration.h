@@ -208,12 +208,20 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
 /// "cuda" -> "cuda:0", "sim:1" -> "sim:1"; nullopt for devices that cannot calibrate.
 std::optional<std::string> normalize_calibration_device(std::string_view device);
 
-/// Process-wide guard against nested or concurrent calibration regions on one device: the
-/// device's peak counters are global, so two regions would reset and read each other's peaks.
+/// Guard against nested or concurrent calibration regions on one device: the device's peak
+/// counters are global, so two regions would reset and read each other's peaks. Within a process
+/// for every device; across processes for CUDA devices, through a lock file in the system's
+/// temporary folder (Note [Calibration across processes] in calibration.cpp).
 class CalibrationRegionLock {
  public:
-  /// Throws ddo::Error (kFailedPrecondition) when a region on `device` is already active.
+  /// Throws ddo::Error (kFailedPrecondition) when a region on `device` is already active in
+  /// this process or, for a CUDA device, in another process.
   static CalibrationRegionLock acquire(std::string_view device);
+
+  /// The lock file that guards regions on CUDA `device` across processes ("cuda:0" ->
+  /// "<temp>/ddo-calibrating-cuda-0.lock"); empty for devices that need none (the simulation is
+  /// per process).
+  static std::filesystem::path lock_file_for(std::string_view device);
 
   /// `other` no longer holds the lock.
   CalibrationRegionLock(CalibrationRegionLock&& other) noexcept;
@@ -227,10 +235,12 @@ class CalibrationRegionLock {
   const std::string& device() const { return device_; }
 
  private:
-  explicit CalibrationRegionLock(std::string device) : device_(std::move(device)) {}
+  explicit CalibrationRegionLock(std::string device, int fd)
+      : device_(std::move(device)), fd_(fd) {}
   void release();
 
   std::string device_;  ///< empty once moved from
+  int fd_ = -1;         ///< the held lock file (CUDA devices), or -1
 };
 
 }  // namespace ddo::core
