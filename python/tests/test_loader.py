@@ -451,3 +451,33 @@ def test_peak_rss_of_a_load_stays_near_one_copy(tmp_path):
     # and the interpreter's working memory; the library's load + enable_offload holds two.
     assert peaks["ddo"] <= model_bytes * 1.1 + device["ddo"] + (64 << 20), (peaks, device)
     assert peaks["ddo"] < peaks["library"], (peaks, device)
+
+
+@torch.no_grad()
+def test_loader_lifecycle_calibrates_then_reuses_a_named_profile(flux_dirs, profile_dir):
+    # The loader takes the named-profile options with apply_dynamic=True: the first load
+    # calibrates under loaded.profile_run(), the second applies the saved profile.
+    path = flux_dirs / "sharded"
+    expected = diffusers.FluxTransformer2DModel.from_pretrained(path).eval()(**flux_inputs()).sample
+    reports = []
+    for calibrate in (True, False):
+        loaded = ddo.from_pretrained_with_dynamic_offload(
+            path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+            profile_name="loaded-flux", build_profile=calibrate,
+            dynamic_offload_config=dict(STREAM, resident_module_budget_gb=0.0),
+        )
+        with loaded.profile_run() as report:
+            out = loaded.module(**flux_inputs()).sample
+        assert_same_output(out, expected)
+        reports.append(dict(report))
+        loaded.offload.remove()
+    assert reports[0]["status"] == "saved", reports[0]
+    assert reports[1]["status"] == "applied", reports[1]
+    assert reports[1]["path"] == reports[0]["path"]
+
+
+def test_deferred_load_refuses_profile_options(flux_dirs):
+    for options in (dict(profile_name="staged"), dict(build_profile=True)):
+        with pytest.raises(ValueError, match="later enable_offload call"):
+            ddo.from_pretrained_with_dynamic_offload(
+                flux_dirs / "single", model_loader=diffusers.FluxTransformer2DModel, **options)

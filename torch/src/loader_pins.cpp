@@ -128,6 +128,12 @@ PinSlots split_slots(const ModuleTree& tree, const WeightSource& source, const c
 
 nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOptions& load,
                                         const OffloadOptions& options, const RecordEvent& events) {
+  // The deferred flow measures nothing here: a profile belongs to the later attach, at the stage
+  // that runs the model (as from_pretrained_with_dynamic_offload(apply_dynamic=False) says too).
+  DDO_CHECK(options.profile_name.empty() && !options.build_profile, Code::kInvalidArgument,
+            "load_weights_for_offload got profile options (profile_name '", options.profile_name,
+            "', build_profile ", options.build_profile ? "true" : "false",
+            "); pass them to the later enable_offload call, at the stage that runs the model");
   ModuleTree tree = tree_in;
   retype_placeholders(tree, load.dtype);
   std::shared_ptr<WeightSource> source = open_weight_source(tree, load);

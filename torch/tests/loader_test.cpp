@@ -185,6 +185,29 @@ TEST(Loader, DeferredLoadPinsAndTheAttachStreamsFromThePins) {
   EXPECT_TRUE(at::equal(model.run(), expected));
 }
 
+TEST(Loader, DeferredLoadRefusesProfileOptionsAndReadsNothing) {
+  // The profile belongs to the later attach (the deferred flow measures nothing); a load given
+  // one says so before any byte is read.
+  SavedModel saved(6);
+  Model& model = saved.model;
+  LoadOptions load;
+  load.path = saved.file;
+  for (const bool calibrate : {false, true}) {
+    OffloadOptions opts = test::sim_options(saved.dir);
+    opts.profile_name = "staged";
+    opts.build_profile = calibrate;
+    try {
+      (void)load_weights_for_offload(module_tree_from(*model.net), load, opts);
+      ADD_FAILURE() << "profile options were accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Code::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("later enable_offload"), std::string::npos) << e.what();
+    }
+  }
+  (void)load_weights_for_offload(module_tree_from(*model.net), load, test::sim_options(saved.dir));
+  EXPECT_TRUE(at::equal(model.run(), saved.expected));
+}
+
 TEST(Loader, AFailedSetupLeavesPlaceholdersAndNothingAttached) {
   torch::manual_seed(5);
   Model model;
