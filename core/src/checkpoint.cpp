@@ -371,6 +371,15 @@ std::optional<std::uint64_t> as_count(const json& value) {
 // parsing] in checked_json.h). `what` names the document in messages ("header", "index").
 Status parse_bounded(std::string_view text, const std::string& label, std::string_view what,
                      int max_depth, std::size_t max_tensors, std::size_t max_keys, json* out) {
+  // safetensors refuses a byte-order mark (nlohmann would skip it) and a header padded with
+  // anything but spaces after its JSON (nlohmann stops at a NUL); so does ddo.
+  if (text.starts_with("\xEF\xBB\xBF")) {
+    return corrupt(label, fmt::format("its {} starts with a UTF-8 byte-order mark", what));
+  }
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return corrupt(
+        label, fmt::format("its {} holds a NUL byte at byte {} of {}", what, nul + 1, text.size()));
+  }
   if (const int depth = json_nesting_depth(text); depth > max_depth) {
     return corrupt(label, fmt::format("its {} is nested {} levels deep, more than the {} a "
                                       "safetensors {} needs",
@@ -617,15 +626,18 @@ Status read_safetensors_header(const std::string& path, SafetensorsHeader* out,
   DDO_RETURN_IF_ERROR(read_exact(file, path, "the header length", length_bytes, 8, 0));
   std::uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
+  // The number itself is not shown: it is the first 8 bytes of whatever file the path names
+  // (a link to any file), which a message has no business repeating.
   if (length > limits.max_header_bytes) {
-    return corrupt(path, fmt::format("its header length says {} bytes, more than the limit of {} "
-                                     "(not a safetensors file?)",
-                                     length, limits.max_header_bytes));
+    return corrupt(path, fmt::format("its first 8 bytes are not a safetensors header length: "
+                                     "they promise more than the limit of {} bytes (not a "
+                                     "safetensors file?)",
+                                     limits.max_header_bytes));
   }
   if (length > file_bytes - 8) {
-    return corrupt(path, fmt::format("its header length says {} bytes but only {} follow the "
-                                     "8-byte length (the file is truncated?)",
-                                     length, file_bytes - 8));
+    return corrupt(path, fmt::format("its header length promises more bytes than the {} that "
+                                     "follow the 8-byte length (the file is truncated?)",
+                                     file_bytes - 8));
   }
   std::string text(static_cast<std::size_t>(length), '\0');
   DDO_RETURN_IF_ERROR(read_exact(file, path, "the header", text.data(), length, 8));

@@ -1187,6 +1187,13 @@ Status ProfileStore::remove_path(const fs::path& path, std::string_view what) {
     return Status(Code::kNotFound,
                   fmt::format("no profile {} in '{}'", what, options_.directory.string()));
   }
+  // Only a profile file is deleted: a directory or device under a profile's name is not ours.
+  if (const fs::file_status st = fs::symlink_status(path, ec); !fs::is_regular_file(st)) {
+    return Status(Code::kFailedPrecondition,
+                  fmt::format("'{}' is not a profile file (it is not a regular file); nothing was "
+                              "deleted: remove it yourself if it should go",
+                              path.string()));
+  }
   FileLock lock;
   DDO_RETURN_IF_ERROR(FileLock::acquire(lock_path_for(path), &lock));
   if (!fs::remove(path, ec) && ec) {

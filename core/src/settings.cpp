@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #ifdef _WIN32
 #include <stdlib.h>  // environ (the C runtime's narrow copy of the environment)
@@ -285,6 +286,70 @@ std::string component_env_key(std::string_view component) {
   return key;
 }
 
+// Note [Misspelled variables]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A DDO_ variable ddo does not read changes nothing, which is what a typo or a guessed name
+// (DDO_SMALL_TENSOR_THRESHOLD_BYTES, the field's own name, where the variable is ..._KB) should
+// not do silently. The environment also holds DDO_ variables of other programs (build scripts,
+// runners), so not every unknown name is a mistake: a warning names an unknown variable only when
+// it is a config field's name (then: which variable sets that field) or within two edits of a
+// variable ddo reads (then: did you mean). DDO_<COMPONENT>_ROUTE / _PRESET are read.
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+void warn_misspelled_variables(const EnvMap& env, std::vector<std::string>* warnings) {
+  std::vector<std::string> known = {"DDO_PRESET", "DDO_PLAN", "DDO_PROFILE_DIR", "DDO_KERNELS"};
+  for (const fields::Field& f : fields::config_fields()) {
+    if (f.env != nullptr) known.emplace_back(f.env);
+    if (f.env_alias != nullptr) known.emplace_back(f.env_alias);
+  }
+  for (const auto& [name, value] : env) {
+    if (name.rfind("DDO_", 0) != 0) continue;
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    if (ends_with(name, "_ROUTE") || ends_with(name, "_PRESET")) continue;
+    const std::string field = lower(std::string_view(name).substr(4));
+    if (const fields::Field* f = fields::find_field(field); f != nullptr) {
+      warnings->push_back(internal::str_cat(
+          name, " is not read: ",
+          f->env != nullptr ? internal::str_cat("the field ", f->name, " is set by ", f->env,
+                                                f->env_unit != nullptr
+                                                    ? internal::str_cat(" (in ", f->env_unit, ")")
+                                                    : std::string())
+                            : internal::str_cat("the field ", f->name, " is set from code only")));
+      continue;
+    }
+    std::string nearest;
+    std::size_t best = 3;
+    for (const std::string& k : known) {
+      const std::size_t d = edit_distance(name, k);
+      if (d < best) {
+        best = d;
+        nearest = k;
+      }
+    }
+    if (!nearest.empty()) {
+      warnings->push_back(
+          internal::str_cat(name, " is not a variable ddo reads; did you mean ", nearest, "?"));
+    }
+  }
+}
+
+}  // namespace
+
 Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const EnvMap& env,
                                        DynamicOffloadSettings* out) {
   DDO_ASSERT(out != nullptr);
@@ -337,6 +402,7 @@ Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const Env
   DDO_RETURN_IF_ERROR(apply_overrides(&s.config, request.overrides, &s.warnings));
   DDO_RETURN_IF_ERROR(validate_config(s.config));
   DDO_RETURN_IF_ERROR(read_component_policies(env, &s.component_policies));
+  warn_misspelled_variables(env, &s.warnings);
 
   s.requested_preset = info.requested;
   s.effective_preset = info.name;

@@ -429,7 +429,7 @@ TEST_F(CheckpointTest, HeaderLengthLongerThanTheFile) {
   const std::string path = put("short.safetensors", file);
   SafetensorsHeader header;
   EXPECT_TRUE(fails_with(read_safetensors_header(path, &header), Code::kDataLoss,
-                         {path, "header length says", "truncated"}));
+                         {path, "header length promises", "truncated"}));
   const std::string tiny = put("tiny.safetensors", "abc");
   EXPECT_TRUE(
       fails_with(read_safetensors_header(tiny, &header), Code::kDataLoss, {tiny, "3 bytes"}));
@@ -445,8 +445,19 @@ TEST_F(CheckpointTest, HeaderLengthOverTheLimit) {
                          {path, "more than the limit of 16"}));
   // A length of 2^63 (the first bytes of a file that is not safetensors at all).
   const std::string foreign = put("foreign.safetensors", std::string(7, '\0') + "\x80" + "{}");
-  EXPECT_TRUE(fails_with(read_safetensors_header(foreign, &header), Code::kDataLoss,
-                         {foreign, "9223372036854775808", "limit"}));
+  const Status s = read_safetensors_header(foreign, &header);
+  EXPECT_TRUE(
+      fails_with(s, Code::kDataLoss, {foreign, "not a safetensors header length", "limit"}));
+  // The 8 bytes of a file that is not safetensors (a link to any file) are not repeated.
+  EXPECT_EQ(s.message().find("9223372036854775808"), std::string::npos) << s.message();
+}
+
+TEST_F(CheckpointTest, AByteOrderMarkOrANulInTheHeaderIsRefusedAsSafetensorsDoes) {
+  const std::string entry = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  EXPECT_TRUE(fails_with(parse("\xEF\xBB\xBF" + entry, 1), Code::kDataLoss, {"byte-order mark"}));
+  EXPECT_TRUE(fails_with(parse(entry + std::string(1, '\0') + "junk", 1), Code::kDataLoss,
+                         {"NUL byte at byte " + std::to_string(entry.size() + 1)}));
+  EXPECT_TRUE(parse(entry + "    ", 1).ok());  // space padding, as safetensors writes it
 }
 
 TEST_F(CheckpointTest, MissingFileIsNotFound) {

@@ -162,6 +162,17 @@ TEST_F(ProfileStoreTest, MissingProfileLoadsAsNothingWithoutWarning) {
   EXPECT_TRUE(warnings_.empty());
 }
 
+TEST_F(ProfileStoreTest, DeleteByKeyLeavesADirectoryUnderAProfileNameAlone) {
+  ProfileStore store = make_store();
+  const std::string key = std::string(kProfileFilePrefix) + "0123456789abcdef01234567";
+  const fs::path path = store.path_for_key(key);
+  fs::create_directories(path);  // empty, so a plain remove would take it
+  const Status s = store.remove_by_key(key);
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.to_string();
+  EXPECT_NE(s.message().find("not a profile file"), std::string::npos) << s.message();
+  EXPECT_TRUE(fs::is_directory(path));
+}
+
 TEST_F(ProfileStoreTest, SaveThenLoadRoundTrips) {
   ProfileStore store = make_store();
   ASSERT_TRUE(store.save(id_, observation(6.0), recommendation(1.0)).ok());

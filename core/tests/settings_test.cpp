@@ -515,6 +515,28 @@ TEST(Settings, ProcessEnvSeesTheEnvironment) {
   EXPECT_EQ(env.at("DDO_SETTINGS_TEST_MARKER"), "a=b");
 }
 
+// Note [Misspelled variables].
+TEST(Settings, AFieldNameOrATypoAsAVariableIsAWarningOthersAreLeftAlone) {
+  const DynamicOffloadSettings s = DynamicOffloadSettings::from_env(
+      {}, {{"DDO_SMALL_TENSOR_THRESHOLD_BYTES", "0"},
+           {"DDO_VRAM_CAP_GBB", "8"},
+           {"DDO_JOBS", "4"},  // another program's variable: not ours to judge
+           {"DDO_TEXT_ENCODER_ROUTE", "none"}});
+  std::string all;
+  for (const std::string& w : s.warnings) all += w + "\n";
+  EXPECT_NE(
+      all.find("DDO_SMALL_TENSOR_THRESHOLD_BYTES is not read: the field "
+               "small_tensor_threshold_bytes is set by DDO_SMALL_TENSOR_THRESHOLD_KB (in KiB)"),
+      std::string::npos)
+      << all;
+  EXPECT_NE(all.find("DDO_VRAM_CAP_GBB is not a variable ddo reads; did you mean DDO_VRAM_CAP_GB?"),
+            std::string::npos)
+      << all;
+  EXPECT_EQ(all.find("DDO_JOBS"), std::string::npos) << all;
+  EXPECT_EQ(all.find("ROUTE"), std::string::npos) << all;
+  EXPECT_EQ(s.warnings.size(), 2u) << all;
+}
+
 TEST(Settings, KernelModeFromEnv) {
   KernelMode mode = KernelMode::kReference;
   ASSERT_TRUE(kernel_mode_from_env({}, &mode).ok());

@@ -99,8 +99,16 @@ def _sdnq_checkpoint_config(path: str) -> Optional[dict[str, Any]]:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             continue
-        with open(file, encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            with open(file, encoding="utf-8") as f:
+                config = json.load(f)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            # json's own message says where, not which file; nested too deep is RecursionError.
+            raise ValueError(
+                f"{file}: not a readable JSON object ({type(e).__name__}: {e}); re-save the "
+                "checkpoint or fix the file") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{file}: expected a JSON object, found {type(config).__name__}")
         if key is not None:
             config = config.get(key)
         if isinstance(config, dict) and config.get("quant_method") == "sdnq":

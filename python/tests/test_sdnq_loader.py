@@ -112,3 +112,12 @@ def test_sdnq_layouts_ddo_does_not_read_are_a_clear_error(sdnq_dir, tmp_path):
             bad, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
             dynamic_offload_config=STREAM, dtype=torch.bfloat16,
         )
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"", b"\xff\xfe bad utf-8", b"[" * 100000, b"[1]"])
+def test_a_bad_quantization_config_names_its_file(tmp_path, content):
+    from ddo.loader import _sdnq_checkpoint_config
+
+    (tmp_path / "quantization_config.json").write_bytes(content)
+    with pytest.raises(ValueError, match=r"quantization_config\.json: "):
+        _sdnq_checkpoint_config(str(tmp_path))

@@ -108,6 +108,9 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   // Settings.
   auto t0 = internal::Clock::now();
   s->settings = internal::resolve_settings(options, env);
+  // What resolving accepted with a change the user may not expect (a clamped ratio, a variable
+  // that looks like one of ddo's but is not read): a warning each (a Python UserWarning).
+  for (const std::string& warning : s->settings.warnings) TORCH_WARN("ddo: ", warning);
   core::DynamicOffloadConfig& config = s->settings.config;
   s->device_name = internal::normalize_device_name(config.execution_device);
   config.execution_device = s->device_name;
