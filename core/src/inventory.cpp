@@ -158,6 +158,34 @@ bool ModelInventory::has_sdnq_layers() const {
                      [](const ModuleInfo& m) { return m.kind == ModuleKind::kSdnq; });
 }
 
+// Note [Dequantized temporaries]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An SDNQ layer runs as dequantize-then-GEMM: while it runs, the device holds its dequantized
+// weight, [out, in] in the result dtype, next to the packed bytes in staging; for uint4 that is
+// four times the streamed unit. The working set must leave room for it (the staging window is
+// sized from what is left after it, and a card that cannot hold it with the smallest staging is
+// refused before anything moves), or the first forward runs out of memory on a card the plan
+// said was large enough. The inventory does not carry the layout code, so the count is taken
+// from the tensors: out * in values, the packed weight's element count times two for a one-byte
+// weight (a uint4 weight packs two values per byte; an int8 layer is over-counted by two, which
+// only shrinks the window a little). The bytes per value are the caller's: the CUDA kernel
+// writes the result dtype once (2 for bf16/fp16); the ATen reference (the host simulation, a GPU
+// without a kernel image) holds float32 values and products beside the result, 10 in all.
+std::int64_t ModelInventory::largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const {
+  std::int64_t largest = 0;
+  for (const ModuleInfo& m : modules) {
+    if (m.kind != ModuleKind::kSdnq) continue;
+    for (const TensorInfo& t : m.tensors) {
+      if (t.sdnq_role != SdnqRole::kPackedWeight) continue;
+      std::int64_t numel = 1;
+      for (const std::int64_t d : t.shape) numel *= d;
+      const bool one_byte = t.dtype == "uint8" || t.dtype == "int8";
+      largest = std::max(largest, (one_byte ? 2 * numel : numel) * bytes_per_element);
+    }
+  }
+  return largest;
+}
+
 SdnqRole sdnq_role_for_name(std::string_view tensor_name) {
   if (tensor_name == "weight") return SdnqRole::kPackedWeight;
   if (tensor_name == "scale") return SdnqRole::kScale;

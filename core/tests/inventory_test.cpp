@@ -99,3 +99,45 @@ TEST(Inventory, IsWithin) {
 
 }  // namespace
 }  // namespace ddo::core
+
+namespace ddo::core {
+namespace {
+
+// Note [Dequantized temporaries]: out * in values from the packed weight (two per byte for a
+// one-byte weight), at the caller's bytes per value; only SDNQ layers count.
+TEST(InventoryTest, LargestSdnqTemporaryBoundsTheDequantizedWeight) {
+  ModelInventory inv;
+  ModuleInfo uint4;
+  uint4.name = "a";
+  uint4.kind = ModuleKind::kSdnq;
+  uint4.tensors = {{.name = "weight",
+                    .shape = {2048, 256},
+                    .dtype = "uint8",
+                    .bytes = 2048 * 256,
+                    .sdnq_role = SdnqRole::kPackedWeight},
+                   {.name = "scale",
+                    .shape = {2048, 1},
+                    .dtype = "float32",
+                    .bytes = 2048 * 4,
+                    .sdnq_role = SdnqRole::kScale}};
+  ModuleInfo fp8 = uint4;
+  fp8.name = "b";
+  fp8.tensors = {{.name = "weight",
+                  .shape = {512, 512},
+                  .dtype = "float8_e4m3fn",
+                  .bytes = 512 * 512,
+                  .sdnq_role = SdnqRole::kPackedWeight}};
+  ModuleInfo dense;
+  dense.name = "c";
+  dense.kind = ModuleKind::kLinear;
+  dense.tensors = {
+      {.name = "weight", .shape = {8192, 8192}, .dtype = "bfloat16", .bytes = 8192 * 8192 * 2}};
+  inv.modules = {dense};
+  EXPECT_EQ(inv.largest_sdnq_temporary_bytes(2), 0);
+  inv.modules = {uint4, fp8, dense};
+  EXPECT_EQ(inv.largest_sdnq_temporary_bytes(2), 2048 * 512 * 2);
+  EXPECT_EQ(inv.largest_sdnq_temporary_bytes(10), 2048 * 512 * 10);
+}
+
+}  // namespace
+}  // namespace ddo::core

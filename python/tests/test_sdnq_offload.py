@@ -119,3 +119,28 @@ def test_plan_mode_classifies_without_replacing_forwards():
     offload = ddo.enable_offload(model, preset="off", execution_device="sim")
     assert offload.report()["executing"] is False
     assert "forward" not in model.blocks[0].up.__dict__
+
+
+@torch.no_grad()
+def test_a_small_card_leaves_room_for_the_dequantized_weight_or_is_refused():
+    # Note [Dequantized temporaries]: while an SDNQ layer runs, its dequantized weight is on the
+    # device beside staging. A card of half the packed model cannot hold it next to the smallest
+    # staging: refused at attach, naming it, with nothing moved. A card with room for it runs
+    # the first forward (it ran out of memory there before).
+    torch.manual_seed(0)
+    model = sdnq.sdnq_post_load_quant(
+        Net(h=512, n=4).to(torch.bfloat16).eval(), weights_dtype="uint4",
+        torch_dtype=torch.bfloat16, add_skip_keys=False)
+    x = torch.randn(2, 8, 512, dtype=torch.bfloat16)
+    expected = model(x)
+    packed = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    small = dict(STREAM, auto_vram_headroom_gb=0.0, profile_vram_headroom_gb=0.0)
+    with pytest.raises(torch.OutOfMemoryError, match="dequantized weight"):
+        ddo.enable_offload(model, sim_device_capacity_gb=packed * 0.5 / 2**30, **small)
+    assert not any(ddo._C.is_managed(p) for p in model.parameters())
+    assert torch.equal(model(x), expected)
+    # 512 x 2048 values at the reference path's 10 bytes each, beside a small staging ring.
+    offload = ddo.enable_offload(model, sim_device_capacity_gb=(packed * 0.5 + 12 * 2**20) / 2**30,
+                                 **small)
+    assert torch.equal(model(x), expected)
+    offload.remove()

@@ -65,6 +65,11 @@ inline void print_decisions(const OffloadState& s) {
 // "cuda:3" -> 3, "sim" -> 0 (a name normalize_device_name returned).
 int device_index(const std::string& normalized);
 
+// Bytes per value of an SDNQ layer's dequantized weight on this offload's device (Note
+// [Dequantized temporaries] in core/src/inventory.cpp): the kernel's result dtype, or the
+// reference path's float32 intermediates.
+std::int64_t sdnq_temporary_bytes_per_value(const OffloadState& s);
+
 // Carries the plan out (Note [Attach phases] in attach_plan.cpp); throws with the state's
 // replaced tensors recorded, so OffloadState::restore(setup_failed) can put the model back.
 void apply_plan(OffloadState& s, int pin_workers);

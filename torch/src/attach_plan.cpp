@@ -43,6 +43,7 @@
 #include "weight_cache_internal.h"
 
 #include "attach_common.h"
+#include "ddo/sdnq/kernel_status.h"
 
 namespace ddo::adapter {
 namespace internal {
@@ -289,7 +290,10 @@ void check_smallest_plan_fits(const OffloadState& s) {
   std::int64_t largest = 0;
   for (const core::StreamUnit& u : plan.stream_units) largest = std::max(largest, u.bytes);
   const std::int64_t staging = core::min_staging_bytes(largest);
-  const std::int64_t smallest = plan.always_resident_bytes + plan.move_once_bytes + staging;
+  const std::int64_t temporary =
+      s.inventory.largest_sdnq_temporary_bytes(sdnq_temporary_bytes_per_value(s));
+  const std::int64_t smallest =
+      plan.always_resident_bytes + plan.move_once_bytes + staging + temporary;
   const engine::DeviceMemory mem = s.device->memory();
   const std::int64_t free_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
   if (smallest <= free_bytes) return;
@@ -299,11 +303,15 @@ void check_smallest_plan_fits(const OffloadState& s) {
       fmt::format(
           "{} is too small for this model: its smallest plan needs {} on the device "
           "(always-resident {}, move-once {}, staging for three of the largest stream unit {} "
-          "= {}), and {} of {} is free{}. Free device memory or raise vram_cap_gb; stream the "
+          "= {}{}), and {} of {} is free{}. Free device memory or raise vram_cap_gb; stream the "
           "always-resident modules too with always_resident_modules_pattern=[]; or keep modules "
           "on the host with skip_modules_pattern. Nothing was moved.",
           s.device_name, g(smallest), g(plan.always_resident_bytes), g(plan.move_once_bytes),
-          g(largest), g(staging), g(free_bytes), g(mem.total_bytes),
+          g(largest), g(staging),
+          temporary > 0
+              ? fmt::format(", the largest SDNQ layer's dequantized weight {}", g(temporary))
+              : std::string(),
+          g(free_bytes), g(mem.total_bytes),
           s.settings.config.vram_cap_gb > 0
               ? fmt::format(" (vram_cap_gb={:g})", s.settings.config.vram_cap_gb)
               : std::string()));
@@ -560,7 +568,11 @@ void make_scheduler(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
       core::to_bytes_or_throw(config.staging_mb, core::ByteUnit::kMiB, "staging_mb");
   request.one_unit_ahead = rt->sticky_units;  // the classic routes: exactly one group ahead
   const engine::DeviceMemory mem = s.device->memory();
-  request.room_bytes = std::max<std::int64_t>(0, mem.total_bytes - mem.used_bytes);
+  // An SDNQ layer's dequantized weight lives beside staging while it runs (Note [Dequantized
+  // temporaries] in core/src/inventory.cpp): the room is what is left after it.
+  request.room_bytes = std::max<std::int64_t>(
+      0, mem.total_bytes - mem.used_bytes -
+             s.inventory.largest_sdnq_temporary_bytes(sdnq_temporary_bytes_per_value(s)));
   const core::StagingSize staging = core::size_staging(request);
   engine::SchedulerOptions so;
   so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);
@@ -849,6 +861,13 @@ std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep
 }
 
 }  // namespace
+
+std::int64_t sdnq_temporary_bytes_per_value(const OffloadState& s) {
+  constexpr std::int64_t kKernel = 2;      // bf16 / fp16 written once
+  constexpr std::int64_t kReference = 10;  // float32 values and products, then the result
+  if (s.kind != engine::DeviceKind::kCuda || !s.inventory.has_sdnq_layers()) return kReference;
+  return sdnq::use_dequantize_kernel(s.torch_device.index()) ? kKernel : kReference;
+}
 
 // Note [Restore in two phases]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

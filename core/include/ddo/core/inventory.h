@@ -97,6 +97,11 @@ struct ModelInventory {
   std::int64_t total_bytes() const;  ///< sum over every module's direct tensors
   /// Any module of kind kSdnq.
   bool has_sdnq_layers() const;
+  /// An upper bound on the largest weight an SDNQ layer materializes on the device while it runs:
+  /// its dequantized [out, in] weight, `bytes_per_element` per value (the kernel path writes the
+  /// result dtype; the reference path holds float32 intermediates too). Note [Dequantized
+  /// temporaries] in inventory.cpp; 0 for a model without SDNQ layers.
+  std::int64_t largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const;
   /// Linear scan; the planner builds its own index once.
   const ModuleInfo* find_module(std::string_view name) const;
   /// The same as an index into `modules`.
