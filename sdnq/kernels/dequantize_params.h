@@ -47,7 +47,7 @@ int launch_sdnq_dequantize(const DequantizeParams& params, void* stream);
 // sdnq/src/kernel_status.cpp). Every kernel of this file lives in one module, so one function's
 // attributes speak for all of them.
 struct KernelImage {
-  int error = 0;           // cudaSuccess, or why no kernel can run (cudaErrorNoKernelImageForDevice)
+  int error = 0;  // cudaSuccess, or why no kernel can run (cudaErrorNoKernelImageForDevice)
   const char* error_text = "";  // cudaGetErrorString(error): a static string
   int binary_version = 0;  // the architecture of the code that runs (86: sm_86), when error == 0
   int ptx_version = 0;     // the PTX the image was compiled from, when error == 0

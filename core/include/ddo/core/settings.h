@@ -131,7 +131,8 @@ bool parse_env_bool(std::string_view text);
 enum class KernelMode { kAuto, kReference };
 
 /// DDO_KERNELS in `env`: unset, empty or "auto" -> kAuto; "reference" -> kReference; any other
-/// value is kInvalidArgument naming the two. Read once per process by the ops (sdnq/kernel_status.h).
+/// value is kInvalidArgument naming the two. Read once per process by the ops
+/// (sdnq/kernel_status.h).
 Status kernel_mode_from_env(const EnvMap& env, KernelMode* out);
 
 /// Splits a DDO_*_PATTERNS value on ',' and ';', trimming blanks and dropping empty items.
