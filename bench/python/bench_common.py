@@ -365,6 +365,18 @@ def max_abs_diff(out, ref) -> float | None:
     return float((out.float().cpu() - ref.float().cpu()).abs().max().item())
 
 
+def output_vs_reference(out, ref) -> dict:
+    """Relative L2 error and cosine similarity of ``out`` against ``ref`` (float32, on out's
+    device): the accuracy columns of a quantized row."""
+    import torch
+
+    if out is None or ref is None:
+        return {}
+    a, b = out.float().flatten(), ref.float().flatten().to(out.device)
+    return dict(rel_l2=((a - b).norm() / b.norm()).item(),
+                cosine=torch.nn.functional.cosine_similarity(a, b, dim=0).item())
+
+
 def set_bound(row: dict, t_resident, b_pinned_gbps) -> bool:
     """bound = max(T_resident, streamed / B_pinned) and efficiency = bound / median into ``row``;
     False (nothing set) while a figure is missing."""
@@ -444,6 +456,7 @@ def ddo_row(ctx: dict, row: dict, model, cap, calibrate: bool, name, ref=None) -
         row["profile_report"] = dict(profile_report)
         if ref is not None:
             row["max_abs_diff_vs_resident"] = max_abs_diff(out, ref)
+            row.update(output_vs_reference(out, ref))
         before = snap["before"]
         streamed = _run_delta(before, after, "bytes_streamed")
         copy_ms = _run_delta(before, after, "copy_ms")

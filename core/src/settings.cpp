@@ -312,7 +312,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 void warn_misspelled_variables(const EnvMap& env, std::vector<std::string>* warnings) {
-  std::vector<std::string> known = {"DDO_PRESET", "DDO_PLAN", "DDO_PROFILE_DIR", "DDO_KERNELS"};
+  std::vector<std::string> known = {"DDO_PRESET", "DDO_PLAN", "DDO_PROFILE_DIR", "DDO_KERNELS",
+                                    "DDO_QUANTIZED_MATMUL"};
   for (const fields::Field& f : fields::config_fields()) {
     if (f.env != nullptr) known.emplace_back(f.env);
     if (f.env_alias != nullptr) known.emplace_back(f.env_alias);

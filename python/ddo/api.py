@@ -127,13 +127,33 @@ class OffloadResult:
         self._kept = kept
         self._events = events
         self._sdnq_modules: list[nn.Module] = []
+        self._quantized: dict[str, Any] = {}
+
+    def _record_quantized_compute(self, layers: list[tuple], quantize: Optional[str],
+                                  skipped: dict[str, str]) -> None:
+        # The path each SDNQ layer takes on the execution device for a full-size input, and why
+        # (ddo::sdnq_linear_path: the rule is quantized_matmul.h's).
+        device = self._native.report().get("execution_device", "cuda:0")
+        device = "cpu" if device.startswith("sim") else device
+        paths: dict[str, dict[str, str]] = {}
+        counts: dict[str, int] = {}
+        for name, module, code in layers:
+            path, why = torch.ops.ddo.sdnq_linear_path(code, module.scale.dtype, device)
+            paths[name] = {"path": path, "why": why}
+            counts[path] = counts.get(path, 0) + 1
+        self._quantized = {
+            "quantize": quantize or "none",
+            "counts": counts,
+            "layers": paths,
+            "kept_dense": dict(skipped),
+        }
 
     def _install_sdnq_forwards(self, layers: list[tuple]) -> None:
         # While the offload executes, SDNQ layers run ddo::sdnq_linear (their packed tensors may
         # be streamed); in plan mode nothing moved and they keep their own forward.
         if not layers or not self._native.report().get("executing", False):
             return
-        for module, code in layers:
+        for _, module, code in layers:
             _sdnq.install_forward(module, code)
             self._sdnq_modules.append(module)
 
@@ -186,6 +206,7 @@ class OffloadResult:
                 {"name": n, "seconds": s, "payload": p} for n, s, p in self._events
             ],
         }
+        r["quantized_compute"] = copy.deepcopy(self._quantized)
         return r
 
     def summary(self) -> str:
@@ -286,7 +307,7 @@ def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]], list[t
             code = _sdnq.sdnq_layout(module)
             kind = "other" if isinstance(code, str) else "sdnq"
             if kind == "sdnq":
-                sdnq_layers.append((module, code))
+                sdnq_layers.append((name, module, code))
             elif not refused:
                 kept.append(
                     {
@@ -444,6 +465,7 @@ def _enable(
     env: Optional[Mapping[str, str]] = None,
     wsl: Optional[bool] = None,
     load: Optional[dict[str, Any]] = None,
+    quantize: Optional[str] = None,
 ) -> OffloadResult:
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -473,6 +495,21 @@ def _enable(
                         "torch.jit.load the saved module, then call enable_offload on it")
     if not jit:
         _refuse_compiled(model)
+    skipped: dict[str, str] = {}
+    if quantize is not None:
+        _check_type("quantize", quantize, (str,), "\"fp8\", \"int8\" or None")
+        # Checks the choice (a ValueError naming them) before anything changes.
+        torch.ops.ddo.sdnq_quantize_skip(quantize, 16, 16384, torch.bfloat16)
+        if jit and quantize != "none":
+            raise TypeError(
+                "quantize= rewrites nn.Linear modules, which a TorchScript module does not have; "
+                "quantize the nn.Module (ddo.sdnq.quantize_linear) before scripting it"
+            )
+        if load is not None and quantize != "none":
+            raise TypeError("quantize= needs the weights in memory; pass it to enable_offload "
+                            "after loading, not to a deferred load")
+        if quantize != "none":
+            skipped = _sdnq.quantize_model(model, quantize)
 
     model_class = model_class_name(model)
     entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
@@ -501,6 +538,7 @@ def _enable(
         raise
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
+    result._record_quantized_compute(sdnq_layers, quantize, skipped)
     result._install_sdnq_forwards(sdnq_layers)
     try:
         object.__setattr__(model, _ATTR, result)
@@ -541,6 +579,7 @@ def enable_offload(
     apply_hook: bool = True,
     dynamic_event_name: Optional[str] = None,
     group_event_name: Optional[str] = None,
+    quantize: Optional[str] = None,
     **config_overrides: Any,
 ) -> OffloadResult:
     """Takes over weight placement of ``model`` (a transformer, UNet, VAE, text encoder, ...):
@@ -557,6 +596,12 @@ def enable_offload(
     execution_device: "cuda:N", or "sim" for the host simulation; default the config's (cuda:0).
     record_event: ``callable(name, seconds, payload)`` receiving setup events.
     config_overrides: DynamicOffloadConfig fields by name; unknown names raise TypeError.
+    quantize: ``"fp8"`` or ``"int8"`` quantizes the model's dense Linears (one scale per output
+        row, in place, before the plan) so they compute with the card's low-precision GEMM (fp8:
+        sm_89+, int8: sm_80+; elsewhere they dequantize) and stream half the bytes; the model
+        stays quantized after ``remove()``. ``report()["quantized_compute"]`` gives each layer's
+        path and why. A named profile is keyed by name and model class only: a bf16 and an fp8
+        run under one name share it (recalibrate, or use another name).
 
     The seed library's keywords, with its meaning (README "Drop-in for diffusers-dynamic-
     offloader"): ``component`` (its policy, DDO_<COMPONENT>_ROUTE, picks the route; also the
@@ -621,6 +666,7 @@ def enable_offload(
         label=component if component != "model" else None,
         env=dict(env) if env is not None else None,
         wsl=running_on_wsl,
+        quantize=quantize,
     )
 
 

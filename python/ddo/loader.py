@@ -141,15 +141,16 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
     weights_dtype = config.get("weights_dtype")
     if not isinstance(weights_dtype, str):
         raise ValueError(f"{path}: the SDNQ quantization config has no weights_dtype")
-    # The int8 matmul layout (use_quantized_matmul): the weight stored transposed, [in, out], with
-    # one scale per output column, [1, out]. The package keeps the plain layout for layers it
-    # does not run that way, so each layer's own shapes decide, not the flag alone.
+    # The matmul layout (use_quantized_matmul, int8 or float8_e4m3fn): the weight stored
+    # transposed, [in, out], with one scale per output column, [1, out], computed by a quantized
+    # GEMM. The package keeps the plain layout for layers it does not run that way, so each
+    # layer's own shapes decide, not the flag alone.
     matmul = bool(config.get("use_quantized_matmul"))
-    if matmul and config.get("quantized_matmul_dtype") not in (None, "int8"):
+    if matmul and config.get("quantized_matmul_dtype") not in (None, "int8", "float8_e4m3fn"):
         raise ValueError(
             f"{path}: the SDNQ checkpoint sets quantized_matmul_dtype="
-            f"{config.get('quantized_matmul_dtype')!r}; ddo runs the int8 matmul layout only; "
-            "load it with loader='library'"
+            f"{config.get('quantized_matmul_dtype')!r}; ddo runs the int8 and float8_e4m3fn "
+            "matmul layouts only; load it with loader='library'"
         )
     tensors = _C.checkpoint_meta(path)  # name -> meta tensor of the stored shape and dtype
     swapped = 0
@@ -175,7 +176,7 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
                       and tuple(scale_shape) == (1, sub.out_features))
         if transposed and "svd_up" in meta:
             raise ValueError(
-                f"{path}: {name}: SVD factors of the int8 matmul layout are not supported by "
+                f"{path}: {name}: SVD factors of the matmul layout are not supported by "
                 "ddo; load it with loader='library'"
             )
         try:

@@ -20,7 +20,7 @@ bit for bit (ddo::sdnq_quantize, sdnq/src/quantize.cpp). ddo recognises it by it
 ``ddo_sdnq_layout`` attribute, the layout code.
 
     q = quantize_linear(nn.Linear(3072, 3072).bfloat16(), "uint4")   # group 64, the default
-    q.ddo_sdnq_layout                   # [1, 3, 15, 3072, 3072, 64, 0]
+    q.ddo_sdnq_layout                   # [2, 3, 15, 3072, 3072, 64, 0, 0]
     y = q(x)                            # dequantize, then linear
 """
 
@@ -31,7 +31,10 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-__all__ = ["is_sdnq_layer", "sdnq_layout", "dequantize", "quantize_linear", "QuantizedLinear"]
+__all__ = [
+    "is_sdnq_layer", "sdnq_layout", "dequantize", "quantize_linear", "quantize_model",
+    "QuantizedLinear",
+]
 
 # Tensors of the format that ddo's dequantize does not read: a layer using one keeps its forward.
 _UNSUPPORTED_TENSORS = ("scale_2", "scale_zero_point", "zero_point_scale", "zero_point_2")
@@ -76,12 +79,11 @@ def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
     group = int(getattr(d, "group_size", 0) or 0)
     if group < 0:
         group = 0
+    # The package's matmul layout: stored [in, out] and computed by a quantized GEMM.
     transposed = bool(getattr(d, "use_quantized_matmul", False))
-    if transposed and (group or wd != "int8"):
-        return "sdnq_quantized_matmul: only the int8 per-row matmul layout is supported"
     if transposed and getattr(module, "svd_up", None) is not None:
-        # The int8-matmul layout stores svd_up [r, out] and svd_down [in, r] (transposed).
-        return "sdnq_quantized_matmul_svd: SVD factors of the int8 matmul layout are not supported"
+        # The matmul layout stores svd_up [r, out] and svd_down [in, r] (transposed).
+        return "sdnq_quantized_matmul_svd: SVD factors of the matmul layout are not supported"
     try:  # the numbering and the checks are layout.cpp's (ddo::sdnq::Layout)
         return list(
             torch.ops.ddo.sdnq_layout_code(
@@ -195,6 +197,7 @@ def quantize_linear(
     svd_steps: int = 8,
     transposed: bool = False,
     result_dtype: Optional[torch.dtype] = None,
+    quantized_matmul: bool = False,
 ) -> QuantizedLinear:
     """Quantizes ``linear`` as ``sdnq.sdnq_post_load_quant`` would, bit for bit.
 
@@ -205,6 +208,9 @@ def quantize_linear(
     where the package does. With ``use_svd`` the factors are randomized: seed
     ``torch.manual_seed`` the same way as for the package to get the same bits.
     ``result_dtype`` defaults to the weight's dtype (the package's torch_dtype).
+    ``quantized_matmul`` (int8 or float8_e4m3fn, one scale per row, plain storage) makes a layer
+    that computes with a quantized GEMM where the card has one (ddo/sdnq/quantized_matmul.h):
+    what ``enable_offload(..., quantize=...)`` makes.
     """
     if not isinstance(linear, nn.Linear) or is_sdnq_layer(linear):
         raise TypeError(f"quantize_linear takes a dense nn.Linear, got {type(linear).__name__}")
@@ -217,9 +223,44 @@ def quantize_linear(
         transposed,
         svd_steps,
         result_dtype,
+        quantized_matmul,
     )
     tensors = dict(weight=weight, scale=scale, zero_point=zero_point, svd_up=svd_up, svd_down=svd_down)
     bias = None if linear.bias is None else linear.bias.detach().clone()
     return QuantizedLinear(
         linear.in_features, linear.out_features, tensors, list(layout), bias, weights_dtype
     )
+
+
+def quantize_model(model: nn.Module, quantize: str) -> dict[str, str]:
+    """Replaces each dense ``nn.Linear`` of ``model`` that qualifies by a quantized-matmul
+    :class:`QuantizedLinear` (``quantize`` "fp8" or "int8": one scale per output row, the plain
+    layout, computed by the card's low-precision GEMM where it has one); returns the Linears kept
+    dense, with why. What ``enable_offload(..., quantize=...)`` does before it plans; the rules
+    are C++'s (ddo/sdnq/quantize_model.h, through ddo::sdnq_quantize_skip). Each dense weight is
+    released as its layer is replaced, so the peak is the model plus one layer.
+
+        skipped = quantize_model(transformer, "fp8")      # {"proj_out": "a dimension is ..."}
+        transformer.cuda()                                 # resident fp8, no offload
+    """
+    weights_dtype = torch.ops.ddo.sdnq_quantize_type(quantize)  # "fp8" -> "float8_e4m3fn"
+    if not weights_dtype:
+        return {}
+    skipped: dict[str, str] = {}
+    targets = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:  # subclasses (sdnq's, LoRA wrappers) have own forwards
+            continue
+        reason = torch.ops.ddo.sdnq_quantize_skip(
+            quantize, module.out_features, module.in_features, module.weight.dtype
+        )
+        if reason:
+            skipped[name] = reason
+        else:
+            targets.append(name)
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        dense = getattr(parent, child)
+        setattr(parent, child, quantize_linear(dense, weights_dtype, 0, quantized_matmul=True))
+    return skipped

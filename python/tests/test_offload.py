@@ -222,6 +222,10 @@ def test_report_says_which_path_each_kernel_op_takes():
     kernels = offload.report()["kernels"]
     assert kernels["sdnq_dequantize"]["path"] == "reference"
     assert "sim:0" in kernels["sdnq_dequantize"]["reason"]
+    assert kernels["sdnq_quantize_rows"] == kernels["sdnq_dequantize"]
+    # The simulation computes on the CPU: int8 through at::_int_mm, fp8 through its reference.
+    assert kernels["quantized_matmul_int8"]["path"] == "int8_gemm"
+    assert kernels["quantized_matmul_float8_e4m3fn"]["path"] == "fp8_gemm"
     offload.remove()
 
 

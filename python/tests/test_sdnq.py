@@ -230,7 +230,7 @@ def test_quantize_linear_gives_a_layer_ddo_recognises():
     assert isinstance(q, ddo_sdnq.QuantizedLinear) and isinstance(q, nn.Linear)
     assert not hasattr(q, "forward_func") and not hasattr(q, "sdnq_dequantizer")
     assert ddo_sdnq.is_sdnq_layer(q)
-    assert ddo_sdnq.sdnq_layout(q) == [1, 3, 15, 64, 3072, 64, 0]  # uint4, bf16, group 64
+    assert ddo_sdnq.sdnq_layout(q) == [2, 3, 15, 64, 3072, 64, 0, 0]  # uint4, bf16, group 64
     names = [n for n, _ in q.named_parameters()]
     assert names == ["weight", "scale", "zero_point", "bias"]
     assert q.weight.shape == (64 * 3072 // 2,) and q.scale.shape == (64, 48, 1)

@@ -103,11 +103,11 @@ def test_sdnq_layouts_ddo_does_not_read_are_a_clear_error(sdnq_dir, tmp_path):
             bad, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
             dynamic_offload_config=STREAM, dtype=torch.bfloat16,
         )
-    # A matmul layout in another type than int8.
+    # A matmul layout in another type than int8 and float8_e4m3fn.
     config.update(use_hadamard=False, use_quantized_matmul=True,
-                  quantized_matmul_dtype="float8_e4m3fn")
+                  quantized_matmul_dtype="float8_e5m2")
     (bad / "quantization_config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quantized_matmul_dtype='float8_e4m3fn'.*int8"):
+    with pytest.raises(ValueError, match="quantized_matmul_dtype='float8_e5m2'.*float8_e4m3fn"):
         ddo.from_pretrained_with_dynamic_offload(
             bad, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
             dynamic_offload_config=STREAM, dtype=torch.bfloat16,

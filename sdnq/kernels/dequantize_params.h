@@ -44,7 +44,8 @@ struct DequantizeParams {
 int launch_sdnq_dequantize(const DequantizeParams& params, void* stream);
 
 // What the CUDA runtime finds in this library for one device (Note [Kernel images] in
-// sdnq/src/kernel_status.cpp). Every kernel of this file lives in one module, so one function's
+// sdnq/src/kernel_status.cpp). Every kernel of this file lives in one module, and the other kernel
+// files (quantized_matmul.cu) are built for the same architecture list, so one function's
 // attributes speak for all of them.
 struct KernelImage {
   int error = 0;  // cudaSuccess, or why no kernel can run (cudaErrorNoKernelImageForDevice)

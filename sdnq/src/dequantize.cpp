@@ -10,6 +10,7 @@
 
 #include "ddo/core/status.h"
 #include "ddo/sdnq/kernel_status.h"
+#include "ddo/sdnq/quantized_matmul.h"
 
 namespace ddo::sdnq {
 namespace {
@@ -86,6 +87,12 @@ at::Tensor dequantize(const QuantizedWeight& w, const Layout& layout) {
 
 at::Tensor linear(const at::Tensor& input, const QuantizedWeight& w, const at::Tensor& bias,
                   const Layout& layout) {
+  if (layout.quantized_matmul) {
+    const LinearPathChoice choice = choose_linear_path(layout, w, input);
+    if (choice.path != LinearPath::kDequantize) {
+      return quantized_linear(input, w, bias, layout, choice.path);
+    }
+  }
   const at::Tensor weight = dequantize(w, layout);
   return at::linear(input, weight,
                     bias.defined() ? std::optional<at::Tensor>(bias) : std::optional<at::Tensor>());

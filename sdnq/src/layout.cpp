@@ -8,7 +8,7 @@
 namespace ddo::sdnq {
 namespace {
 
-constexpr std::int64_t kLayoutVersion = 1;
+constexpr std::int64_t kLayoutVersion = 2;
 
 constexpr std::array<std::pair<QuantType, const char*>, 6> kTypeNames = {{
     {QuantType::kInt8, "int8"},
@@ -116,14 +116,16 @@ std::vector<std::int64_t> Layout::encode() const {
           out,
           in,
           group_size,
-          transposed ? 1 : 0};
+          transposed ? 1 : 0,
+          quantized_matmul ? 1 : 0};
 }
 
 Layout Layout::decode(c10::IntArrayRef code) {
-  DDO_CHECK(code.size() == 7 && code[0] == kLayoutVersion, Code::kInvalidArgument,
+  const bool v1 = code.size() == 7 && code[0] == 1;
+  DDO_CHECK(v1 || (code.size() == 8 && code[0] == kLayoutVersion), Code::kInvalidArgument,
             "SDNQ layout code ", shape_text(code),
-            " is not a ddo layout (version 1, 7 integers); build it with Layout::encode() or "
-            "ddo.sdnq.layout_code()");
+            " is not a ddo layout (version 2 with 8 integers, or 1 with 7); build it with "
+            "Layout::encode() or torch.ops.ddo.sdnq_layout_code");
   Layout l;
   DDO_CHECK(code[1] >= 0 && code[1] <= static_cast<std::int64_t>(QuantType::kFloat8E5M2),
             Code::kInvalidArgument, "SDNQ layout code: unknown type ", code[1]);
@@ -137,14 +139,18 @@ Layout Layout::decode(c10::IntArrayRef code) {
   l.in = code[4];
   l.group_size = code[5];
   l.transposed = code[6] != 0;
+  l.quantized_matmul = v1 ? l.transposed : code[7] != 0;
   DDO_CHECK(l.out > 0 && l.in > 0, Code::kInvalidArgument, "SDNQ layout code: shape [", l.out, ", ",
             l.in, "] must be positive");
   DDO_CHECK(l.group_size >= 0 && (l.group_size == 0 || l.in % l.group_size == 0),
             Code::kInvalidArgument, "SDNQ layout code: group size ", l.group_size,
             " must be 0 (per row) or divide the ", l.in, " input features");
-  DDO_CHECK(!(l.transposed && (l.group_size > 0 || is_packed(l.type))), Code::kInvalidArgument,
-            "SDNQ layout code: the transposed (int8 matmul) layout has one scale per row and an "
-            "unpacked weight");
+  const bool matmul_type = l.type == QuantType::kInt8 || l.type == QuantType::kFloat8E4M3;
+  DDO_CHECK(!((l.transposed || l.quantized_matmul) && (l.group_size > 0 || !matmul_type)),
+            Code::kInvalidArgument, "SDNQ layout code: the ",
+            l.transposed ? "transposed (matmul) layout" : "quantized matmul",
+            " needs an int8 or float8_e4m3fn weight with one scale per row; got ",
+            to_string(l.type), l.group_size > 0 ? " with groups" : "");
   DDO_CHECK(!is_packed(l.type) || (l.out * l.in) % 2 == 0, Code::kInvalidArgument,
             "SDNQ layout code: a 4-bit weight needs an even number of elements");
   return l;

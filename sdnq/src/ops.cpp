@@ -8,6 +8,8 @@
 
 #include "ddo/sdnq/dequantize.h"
 #include "ddo/sdnq/quantize.h"
+#include "ddo/sdnq/quantize_model.h"
+#include "ddo/sdnq/quantized_matmul.h"
 
 namespace ddo::sdnq {
 namespace {
@@ -29,7 +31,7 @@ using QuantizeResult =
 QuantizeResult quantize_kernel(const at::Tensor& weight, c10::string_view weights_dtype,
                                std::int64_t group_size, bool use_svd, std::int64_t svd_rank,
                                bool transposed, std::int64_t svd_steps,
-                               std::optional<c10::ScalarType> result_dtype) {
+                               std::optional<c10::ScalarType> result_dtype, bool quantized_matmul) {
   QuantizeOptions options;
   options.type = parse_quant_type(weights_dtype);
   options.group_size = group_size;
@@ -38,6 +40,7 @@ QuantizeResult quantize_kernel(const at::Tensor& weight, c10::string_view weight
   options.svd_steps = svd_steps;
   options.transposed = transposed;
   options.result_dtype = result_dtype;
+  options.quantized_matmul = quantized_matmul;
   auto [w, layout] = quantize(weight, options);
   return {w.weight,       w.scale, or_none(w.zero_point), or_none(w.svd_up), or_none(w.svd_down),
           layout.encode()};
@@ -48,15 +51,45 @@ QuantizeResult quantize_kernel(const at::Tensor& weight, c10::string_view weight
 std::vector<std::int64_t> layout_code_kernel(c10::string_view weights_dtype,
                                              c10::ScalarType result_dtype, std::int64_t out,
                                              std::int64_t in, std::int64_t group_size,
-                                             bool transposed) {
+                                             bool transposed,
+                                             std::optional<bool> quantized_matmul) {
   const Layout layout{
       parse_quant_type(std::string_view(weights_dtype.data(), weights_dtype.size())),
       result_dtype,
       out,
       in,
       group_size,
-      transposed};
+      transposed,
+      quantized_matmul.value_or(transposed)};
   return Layout::decode(layout.encode()).encode();
+}
+
+// ddo::sdnq_quantize_skip: why `quantize=` keeps a dense Linear as it is ("" when it quantizes
+// it); throws for a bad option, so Python's keyword is checked here.
+std::string quantize_skip_kernel(c10::string_view quantize, std::int64_t out_features,
+                                 std::int64_t in_features, c10::ScalarType dtype) {
+  if (!parse_quantize_option(std::string_view(quantize.data(), quantize.size()))) {
+    return "quantize is none";
+  }
+  const char* reason = quantize_skip_reason(out_features, in_features, dtype);
+  return reason == nullptr ? std::string() : std::string(reason);
+}
+
+// ddo::sdnq_quantize_type: the package's name of the type `quantize=` asks for ("" for none).
+std::string quantize_type_kernel(c10::string_view quantize) {
+  const auto type = parse_quantize_option(std::string_view(quantize.data(), quantize.size()));
+  return type ? std::string(to_string(*type)) : std::string();
+}
+
+// ddo::sdnq_linear_path: the path a layer takes on `device` for inputs of `rows` rows of its
+// result dtype, and why (the report's per-layer entry).
+std::tuple<std::string, std::string> linear_path_kernel(c10::IntArrayRef layout_code,
+                                                        c10::ScalarType scale_dtype,
+                                                        c10::Device device, std::int64_t rows) {
+  const Layout layout = Layout::decode(layout_code);
+  const LinearPathChoice choice =
+      choose_linear_path(layout, scale_dtype, layout.result_dtype, rows, gemm_target(device));
+  return {to_string(choice.path), std::string(choice.why)};
 }
 
 }  // namespace
@@ -107,13 +140,23 @@ TORCH_LIBRARY(ddo, m) {
       "Tensor? svd_down, int[] layout) -> Tensor");
   m.def(
       "sdnq_quantize(Tensor weight, str weights_dtype, int group_size=-1, bool use_svd=False, "
-      "int svd_rank=32, bool transposed=False, int svd_steps=8, ScalarType? result_dtype=None) "
-      "-> (Tensor weight, Tensor scale, Tensor? zero_point, Tensor? svd_up, Tensor? svd_down, "
+      "int svd_rank=32, bool transposed=False, int svd_steps=8, ScalarType? result_dtype=None, "
+      "bool quantized_matmul=False) -> (Tensor weight, Tensor scale, Tensor? zero_point, Tensor? "
+      "svd_up, Tensor? svd_down, "
       "int[] layout)");
   m.def(
       "sdnq_layout_code(str weights_dtype, ScalarType result_dtype, int out_features, "
-      "int in_features, int group_size, bool transposed) -> int[]",
+      "int in_features, int group_size, bool transposed, bool? quantized_matmul=None) -> int[]",
       TORCH_FN(layout_code_kernel));
+  m.def(
+      "sdnq_quantize_skip(str quantize, int out_features, int in_features, ScalarType dtype) "
+      "-> str",
+      TORCH_FN(quantize_skip_kernel));
+  m.def("sdnq_quantize_type(str quantize) -> str", TORCH_FN(quantize_type_kernel));
+  m.def(
+      "sdnq_linear_path(int[] layout, ScalarType scale_dtype, Device device, int rows=4096) "
+      "-> (str path, str why)",
+      TORCH_FN(linear_path_kernel));
 }
 
 // Quantizing is ATen ops on whatever device the weight is on: one kernel for every backend.

@@ -96,7 +96,9 @@ at::Tensor divisor(const at::Tensor& scale) {
 std::int64_t resolve_group_size(const QuantizeOptions& options, std::int64_t in_features) {
   std::int64_t g = options.group_size;
   if (g < 0) {
-    if (options.transposed && options.type == QuantType::kInt8) return 0;
+    const bool matmul_type =
+        options.type == QuantType::kInt8 || options.type == QuantType::kFloat8E4M3;
+    if ((options.transposed || options.quantized_matmul) && matmul_type) return 0;
     g = (std::int64_t{1} << (num_bits(options.type) + 2)) * (options.use_svd ? 2 : 1);
   }
   if (g == 0) return 0;
@@ -119,9 +121,16 @@ std::pair<QuantizedWeight, Layout> quantize(const at::Tensor& dense_weight,
   DDO_CHECK(at::isFloatingType(dense_weight.scalar_type()), Code::kInvalidArgument,
             "SDNQ quantize: the weight is ", c10::toString(dense_weight.scalar_type()),
             "; quantize a floating-point weight");
-  DDO_CHECK(!options.transposed || options.type == QuantType::kInt8, Code::kInvalidArgument,
-            "SDNQ quantize: transposed (the int8-matmul layout) needs type int8, got ",
+  const bool matmul_type =
+      options.type == QuantType::kInt8 || options.type == QuantType::kFloat8E4M3;
+  DDO_CHECK(!options.transposed || matmul_type, Code::kInvalidArgument,
+            "SDNQ quantize: transposed (the matmul layout) needs type int8 or float8_e4m3fn, got ",
             to_string(options.type));
+  DDO_CHECK(!options.quantized_matmul || (matmul_type && options.group_size <= 0),
+            Code::kInvalidArgument,
+            "SDNQ quantize: quantized_matmul needs type int8 or float8_e4m3fn with one scale per "
+            "row (group_size -1 or 0), got ",
+            to_string(options.type), " with group_size ", options.group_size);
   DDO_CHECK(!options.use_svd || (options.svd_rank > 0 && options.svd_steps >= 0),
             Code::kInvalidArgument, "SDNQ quantize: svd_rank ", options.svd_rank, " and svd_steps ",
             options.svd_steps, " must be positive and non-negative");
@@ -133,15 +142,16 @@ std::pair<QuantizedWeight, Layout> quantize(const at::Tensor& dense_weight,
   DDO_CHECK(!is_packed(layout.type) || (layout.out * layout.in) % 2 == 0, Code::kInvalidArgument,
             "SDNQ quantize: a ", to_string(layout.type), " weight packs two values per byte, but ",
             "[", layout.out, ", ", layout.in, "] has an odd number of elements; use an 8-bit type");
-  // The package keeps the plain layout where the int8-matmul one does not fit (see Note [The
+  // The package keeps the plain layout where the matmul one does not fit (see Note [The
   // package's group sizes]); its default groups then apply.
   QuantizeOptions effective = options;
   effective.transposed = options.transposed && options.group_size <= 0 &&
                          transposed_layout_fits(layout.out, layout.in);
   layout.group_size = resolve_group_size(effective, layout.in);
   layout.transposed = effective.transposed;
+  layout.quantized_matmul = effective.transposed || options.quantized_matmul;
   DDO_CHECK(!(layout.transposed && options.use_svd), Code::kInvalidArgument,
-            "SDNQ quantize: the int8-matmul layout stores the SVD factors transposed, which ddo's "
+            "SDNQ quantize: the matmul layout stores the SVD factors transposed, which ddo's "
             "layout does not hold; drop transposed or use_svd");
 
   at::Tensor w = dense_weight.to(at::kFloat);

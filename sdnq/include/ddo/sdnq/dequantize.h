@@ -31,7 +31,8 @@ at::Tensor dequantize_reference(const QuantizedWeight& w, const Layout& layout);
 /// runs on their device (use_dequantize_kernel in kernel_status.h).
 bool kernel_supports(const QuantizedWeight& w, const Layout& layout);
 
-/// linear(input, dequantize(w), bias): the SDNQ layer's forward on its dequantize path.
+/// The SDNQ layer's forward: a quantized GEMM where choose_linear_path picks one
+/// (quantized_matmul.h), else linear(input, dequantize(w), bias).
 at::Tensor linear(const at::Tensor& input, const QuantizedWeight& w, const at::Tensor& bias,
                   const Layout& layout);
 

@@ -14,8 +14,14 @@
 /// int4      uint8 [out*in/2], low nibble first    f32 [out, g, 1] -              (n - 8) * s
 /// uint4     uint8 [out*in/2], low nibble first    f32 [out, g, 1] f32 [out,g,1]  zp + n * s
 /// fp8 e4m3  float8_e4m3fn [out, in]               f32 [out, 1]   -               q * s
-/// transposed (int8 matmul layout): weight [in, out], scale [1, out]
+/// transposed (the package's matmul layout, int8 and fp8 e4m3): weight [in, out], scale [1, out]
 /// ```
+///
+/// `quantized_matmul` says how the layer computes, apart from how it is stored: per-row int8 and
+/// fp8 e4m3 layers with it run a low-precision GEMM where the device has one
+/// (quantized_matmul.h), and dequantize otherwise. The package's use_quantized_matmul layers are
+/// transposed and quantized_matmul; ddo's own `quantize=` layers keep the plain [out, in] storage
+/// (the operand layout the GEMMs read without a copy) and are quantized_matmul.
 ///
 /// Dequantizing: q to the scale's dtype, times the scale (plus the zero point: addcmul), the
 /// transpose undone, reshaped to [out, in], cast to the result dtype, then `addmm(w, svd_up,
@@ -90,7 +96,9 @@ struct Layout {
   std::int64_t out = 0;         ///< rows of the dequantized weight ([out, in], the Linear's weight)
   std::int64_t in = 0;          ///< columns of the dequantized weight (the Linear's in_features)
   std::int64_t group_size = 0;  ///< 0: one scale per row; else scales per `group_size` inputs
-  bool transposed = false;      ///< weight stored [in, out], scale [1, out] (int8-matmul layout)
+  bool transposed = false;      ///< weight stored [in, out], scale [1, out] (the matmul layout)
+  /// Computes with a quantized GEMM where the device has one (per-row int8 or fp8 e4m3 only).
+  bool quantized_matmul = false;
 
   /// Scales per row: in / group_size, or 1 without groups.
   std::int64_t groups() const { return group_size > 0 ? in / group_size : 1; }
@@ -101,8 +109,10 @@ struct Layout {
   /// The packed weight's shape as stored: [out*in/2] for 4-bit types, else quantized_shape().
   std::vector<std::int64_t> stored_shape() const;
 
-  /// The integer list the ddo::sdnq_* ops carry: {version, type, result dtype, out, in,
-  /// group_size, transposed}. decode() throws kInvalidArgument for a list it does not know.
+  /// The integer list the ddo::sdnq_* ops carry: {2, type, result dtype, out, in, group_size,
+  /// transposed, quantized_matmul}. decode() also reads version 1 (the first seven, with
+  /// quantized_matmul = transposed: what TorchScript models saved with it hold) and throws
+  /// kInvalidArgument for a list it does not know.
   std::vector<std::int64_t> encode() const;
   static Layout decode(c10::IntArrayRef code);  ///< the inverse of encode()
 

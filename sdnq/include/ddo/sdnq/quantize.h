@@ -11,7 +11,7 @@
 /// type               default group (in_features 3072 / 12288)   with use_svd
 /// int8, uint8, fp8   1024 (per row below 2048 inputs, at 2560)  2048
 /// int4, uint4        64                                         128
-/// int8 transposed    per row
+/// int8, fp8 transposed, or quantized_matmul: per row
 /// ```
 ///
 /// The package also leaves small layers dense (under 16384 weights or 32 channels: its
@@ -52,10 +52,15 @@ struct QuantizeOptions {
   bool use_svd = false;
   std::int64_t svd_rank = 32;  ///< see use_svd
   std::int64_t svd_steps = 8;  ///< see use_svd
-  /// The int8-matmul layout (weight stored [in, out], scale [1, out]); int8 only. Like the
-  /// package, the weight keeps the plain layout when a group size is asked for or when a
-  /// dimension is below 32 or not a multiple of 16; the returned layout says which it got.
+  /// The package's matmul layout (weight stored [in, out], scale [1, out], computed with a
+  /// quantized GEMM); int8 and float8_e4m3fn only. Like the package, the weight keeps the plain
+  /// layout (and dequantizes) when a group size is asked for or when a dimension is below 32 or
+  /// not a multiple of 16; the returned layout says which it got.
   bool transposed = false;
+  /// ddo's quantized-matmul layout: one scale per row, the plain [out, in] storage, computed
+  /// with a quantized GEMM where the device has one (what `quantize=` makes); int8 and
+  /// float8_e4m3fn only, and no group size.
+  bool quantized_matmul = false;
   /// Result dtype of the dequantized weight (the package's torch_dtype) and of the SVD factors;
   /// unset = the dense weight's dtype.
   std::optional<c10::ScalarType> result_dtype;
@@ -65,7 +70,7 @@ struct QuantizeOptions {
 /// one scale per row, else a divisor of in_features. Follows Note [The package's group sizes].
 std::int64_t resolve_group_size(const QuantizeOptions& options, std::int64_t in_features);
 
-/// True when the package stores an [out, in] int8 weight in the transposed int8-matmul layout
+/// True when the package stores an [out, in] 8-bit weight in the transposed matmul layout
 /// (both dimensions at least 32 and multiples of 16).
 bool transposed_layout_fits(std::int64_t out_features, std::int64_t in_features);
 

@@ -1,0 +1,47 @@
+/// \file
+/// `quantize=`: turning a bf16 model's Linears into quantized-matmul layers as ddo places them.
+///
+/// Python's enable_offload(..., quantize="fp8" | "int8") quantizes each dense Linear that
+/// qualifies to one scale per output row in the plain SDNQ layout with quantized_matmul set
+/// (quantize.h), so it computes with the card's low-precision GEMM (quantized_matmul.h) and
+/// streams half the bytes. The rules live here, once; Python asks them through the
+/// ddo::sdnq_quantize_skip op. A LibTorch program builds the same layer itself:
+/// `SdnqLinear(dense, quantize_model_options(type))` (linear.h), since replacing a registered
+/// child does not reach the holder a torch::nn module's forward calls.
+///
+/// ```
+/// std::optional<QuantType> t = parse_quantize_option("fp8");    // kFloat8E4M3
+/// quantize_skip_reason(3072, 3072, at::kBFloat16);               // nullptr: quantized
+/// quantize_skip_reason(3072, 3080, at::kBFloat16);               // "a dimension is not ..."
+/// SdnqLinear q(*dense, quantize_model_options(*t));              // a LibTorch model's layer
+/// ```
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include <c10/core/ScalarType.h>
+
+#include "ddo/sdnq/layout.h"
+#include "ddo/sdnq/quantize.h"
+
+namespace ddo::sdnq {
+
+/// "fp8" or "float8_e4m3fn" -> kFloat8E4M3, "int8" -> kInt8, "" or "none" -> nullopt (no
+/// quantization); anything else throws ddo::Error(kInvalidArgument) naming the choices.
+std::optional<QuantType> parse_quantize_option(std::string_view text);
+
+/// Layers below this many weights stay dense: quantizing them saves little and costs accuracy.
+inline constexpr std::int64_t kMinQuantizedWeights = 16384;
+
+/// Why a dense Linear [out, in] of `dtype` stays dense under `quantize=`, or nullptr when it is
+/// quantized: a floating-point weight, both dimensions multiples of 16 (the GEMMs' alignment),
+/// at least kMinQuantizedWeights weights.
+const char* quantize_skip_reason(std::int64_t out_features, std::int64_t in_features,
+                                 c10::ScalarType dtype);
+
+/// The options `quantize=` uses: `type`, one scale per row, quantized_matmul.
+QuantizeOptions quantize_model_options(QuantType type);
+
+}  // namespace ddo::sdnq
