@@ -12,6 +12,7 @@
 #     bash scripts/gpu.sh pydiag                      # build, then scripts/gpu-pydiag.sh link
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh cards      # build, device code per library, SDNQ tests under PTX JIT
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh testw4     # build, GPU tests, W4 (quantized compute, $OUT/w4.json)
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead x DDO_OP_REPEATS),
@@ -255,6 +256,23 @@ py() {
   return $rc
 }
 
+# W4 (quantized compute): the GEMM table, bf16/int8/fp8 resident, fp8 and dequantize rows per cap
+# (bench/python/w4_quantized.py); its JSON holds every figure.
+w4() {
+  if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: w4 step needs the ddo Python package"; return 1; fi
+  install_wheels
+  local left=$((570 - ($(date +%s) - T_START) - 20)) size=${DDO_W1_SIZE:-full} dev=()
+  [ "$HAVE_GPU" = 0 ] && { size=${DDO_W1_SIZE:-tiny}; dev=(--device sim); }
+  echo "== w4" >>"$LOG"
+  # shellcheck disable=SC2086
+  timeout "$left" "$PY" "$ROOT/bench/python/w4_quantized.py" --size "$size" "${dev[@]}" \
+    ${DDO_W4_CAPS:+--caps "$DDO_W4_CAPS"} --steps "${DDO_W1_STEPS:-5}" \
+    --out "$OUT/w4.json" --commit "$DDO_COMMIT" ${DDO_W4_ARGS:-} >>"$LOG" 2>&1
+  local rc=$?
+  say "w4 rc=$rc"
+  return $rc
+}
+
 # W1-py from disk (issue 16): writes the model to the machine's disk once (kept between calls
 # of a warm machine under DDO_LOAD_DIR), then ddo's loader cold/warm at each cap and diffusers'
 # from_pretrained + group offload (bench/python/load_from_disk.py).
@@ -363,6 +381,8 @@ case "$MODE" in
   w1) build && w1 ;;
   bench) build && micro && w1 ;;
   py) build && py ;;
+  w4) build && w4 ;;
+  testw4) build && { DDO_GPU_TESTS_ONLY=1 run_tests; w4; } ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;
   # SDNQ in one call: build, the GPU tests (kernels, streamed units, probe lifecycle), pytest,
