@@ -55,13 +55,7 @@ FLUX_SHAPES = [(3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072,
                (18432, 3072), (9216, 3072)]
 
 
-def accuracy(out, ref) -> dict:
-    return bc.output_vs_reference(out, ref)
-
-
 def time_ms(fn, cuda: bool, reps: int = 20) -> float:
-    import torch
-
     fn()
     bc.sync(cuda)
     times = []
@@ -83,21 +77,22 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     x = torch.randn(tokens, max(i for _, i in shapes), device=dev, dtype=torch.bfloat16)
     for out_f, in_f in shapes:
         lin = torch.nn.Linear(in_f, out_f).to(torch.bfloat16)
+        quantized = {name: ddo.sdnq.quantize_linear(lin, name, 0, quantized_matmul=True).to(dev)
+                     for name in ("float8_e4m3fn", "int8")}
+        dense = lin.to(dev)
         xi = x[:, :in_f].contiguous()
         row = dict(route="gemm", out=out_f, inp=in_f, tokens=tokens)
-        dense = lin.to(dev)
         with torch.no_grad():
             row["bf16_ms"] = time_ms(lambda: dense(xi), cuda)
             ref = dense(xi)
-            for name in ("float8_e4m3fn", "int8"):
-                q = ddo.sdnq.quantize_linear(lin.cpu(), name, 0, quantized_matmul=True).to(dev)
+            for name, q in quantized.items():
                 path, why = torch.ops.ddo.sdnq_linear_path(q.ddo_sdnq_layout, q.scale.dtype,
                                                            dev, tokens)
                 key = "fp8" if name.startswith("float8") else "int8"
                 row[f"{key}_path"] = path
                 row[f"{key}_why"] = why
                 row[f"{key}_ms"] = time_ms(lambda: q(xi), cuda)
-                row[f"{key}_rel_l2"] = accuracy(q(xi), ref)["rel_l2"]
+                row[f"{key}_rel_l2"] = bc.output_vs_reference(q(xi), ref)["rel_l2"]
                 q.ddo_sdnq_layout[7] = 0  # the same weights, dequantize path
                 row[f"{key}_dequant_ms"] = time_ms(lambda: q(xi), cuda)
         log(f"gemm {out_f}x{in_f}: bf16 {row['bf16_ms']:.3f} ms, fp8 {row['fp8_ms']:.3f} "
@@ -106,15 +101,12 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     return rows
 
 
-def set_matmul_flag(model, on: bool) -> int:
+def set_matmul_flag(model, on: bool) -> None:
     import ddo
 
-    n = 0
     for m in model.modules():
         if isinstance(m, ddo.sdnq.QuantizedLinear):
             m.ddo_sdnq_layout[7] = 1 if on else 0
-            n += 1
-    return n
 
 
 def resident_row(ctx: dict, row: dict, model, ref) -> object:
@@ -126,13 +118,13 @@ def resident_row(ctx: dict, row: dict, model, ref) -> object:
         model.to(dev)
         bc.sync(cuda)
         row["setup_s"] = time.perf_counter() - t0
-        first, times, finite, out = bc.run_steps_out(model, ctx["inputs_dev"], ctx["steps"], cuda)
+        first, times, finite, out = bc.run_steps_out(model, ctx["inputs"], ctx["steps"], cuda)
         bc.fill_step_figures(row, first, times, finite)
     row.update(mon.figures())
     model.to("cpu")
     bc.clear_cap(cuda)
     if ref is not None:
-        row.update(accuracy(out, ref))
+        row.update(bc.output_vs_reference(out, ref))
     return out
 
 
@@ -183,11 +175,10 @@ def main(argv=None) -> int:
     b = bc.measure_b_pinned(cuda)
     result.update(model_gb=nbytes / GB, parameters=params, b_pinned_gbps=b["gbps"])
     dev = "cuda" if cuda else "cpu"
+    # One set of inputs on the execution device: resident rows and ddo rows (the sim computes on
+    # the CPU) read the same tensors.
     ctx = dict(cuda=cuda, steps=args.steps, sample_s=args.sample_ms / 1e3, overrides={},
-               inputs=make_inputs(args.size, dev, guidance),
-               inputs_dev=make_inputs(args.size, dev, guidance))
-    if not cuda:
-        ctx["inputs"] = make_inputs(args.size, "cpu", guidance)
+               inputs=make_inputs(args.size, dev, guidance))
 
     def add(route: str, cap, fn) -> dict:
         label = route if cap is None else f"{route}@{cap:g}"

@@ -260,6 +260,23 @@ Status kernel_mode_from_env(const EnvMap& env, KernelMode* out) {
                                   "ATen reference paths), or unset it"));
 }
 
+Status quantized_matmul_mode_from_env(const EnvMap& env, QuantizedMatmulMode* out) {
+  *out = QuantizedMatmulMode::kAuto;
+  const auto it = env.find("DDO_QUANTIZED_MATMUL");
+  if (it == env.end()) return Status::ok_status();
+  const std::string v = lower(trim(it->second));
+  if (v.empty() || v == "auto") return Status::ok_status();
+  if (v == "off") {
+    *out = QuantizedMatmulMode::kOff;
+    return Status::ok_status();
+  }
+  return Status(Code::kInvalidArgument,
+                internal::str_cat("DDO_QUANTIZED_MATMUL=\"", text::printable(it->second),
+                                  "\" is not a mode; set it to auto (quantized GEMMs where the "
+                                  "card has them) or off (every quantized layer dequantizes), or "
+                                  "unset it"));
+}
+
 bool parse_env_bool(std::string_view text) {
   const std::string v = lower(trim(text));
   return v == "1" || v == "true" || v == "yes" || v == "on";

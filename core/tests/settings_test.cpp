@@ -552,5 +552,17 @@ TEST(Settings, KernelModeFromEnv) {
   EXPECT_NE(bad.message().find("reference"), std::string::npos) << bad.message();
 }
 
+TEST(Settings, QuantizedMatmulModeFromEnv) {
+  QuantizedMatmulMode mode = QuantizedMatmulMode::kOff;
+  ASSERT_TRUE(quantized_matmul_mode_from_env({}, &mode).ok());
+  EXPECT_EQ(mode, QuantizedMatmulMode::kAuto);
+  ASSERT_TRUE(quantized_matmul_mode_from_env({{"DDO_QUANTIZED_MATMUL", " OFF "}}, &mode).ok());
+  EXPECT_EQ(mode, QuantizedMatmulMode::kOff);
+  const Status bad = quantized_matmul_mode_from_env({{"DDO_QUANTIZED_MATMUL", "on"}}, &mode);
+  EXPECT_EQ(bad.code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.message().find("DDO_QUANTIZED_MATMUL=\"on\""), std::string::npos)
+      << bad.message();
+}
+
 }  // namespace
 }  // namespace ddo::core

@@ -130,10 +130,9 @@ class OffloadResult:
         self._quantized: dict[str, Any] = {}
 
     def _record_quantized_compute(self, layers: list[tuple], quantize: Optional[str],
-                                  skipped: dict[str, str]) -> None:
+                                  skipped: dict[str, str], device: str) -> None:
         # The path each SDNQ layer takes on the execution device for a full-size input, and why
         # (ddo::sdnq_linear_path: the rule is quantized_matmul.h's).
-        device = self._native.report().get("execution_device", "cuda:0")
         device = "cpu" if device.startswith("sim") else device
         paths: dict[str, dict[str, str]] = {}
         counts: dict[str, int] = {}
@@ -148,10 +147,10 @@ class OffloadResult:
             "kept_dense": dict(skipped),
         }
 
-    def _install_sdnq_forwards(self, layers: list[tuple]) -> None:
+    def _install_sdnq_forwards(self, layers: list[tuple], executing: bool) -> None:
         # While the offload executes, SDNQ layers run ddo::sdnq_linear (their packed tensors may
         # be streamed); in plan mode nothing moved and they keep their own forward.
-        if not layers or not self._native.report().get("executing", False):
+        if not layers or not executing:
             return
         for _, module, code in layers:
             _sdnq.install_forward(module, code)
@@ -498,18 +497,18 @@ def _enable(
     skipped: dict[str, str] = {}
     if quantize is not None:
         _check_type("quantize", quantize, (str,), "\"fp8\", \"int8\" or None")
-        # Checks the choice (a ValueError naming them) before anything changes.
-        torch.ops.ddo.sdnq_quantize_skip(quantize, 16, 16384, torch.bfloat16)
-        if jit and quantize != "none":
+    # The package's type name, "" for none; a ValueError naming the choices before anything
+    # changes.
+    if quantize is not None and torch.ops.ddo.sdnq_quantize_type(quantize):
+        if jit:
             raise TypeError(
                 "quantize= rewrites nn.Linear modules, which a TorchScript module does not have; "
                 "quantize the nn.Module (ddo.sdnq.quantize_linear) before scripting it"
             )
-        if load is not None and quantize != "none":
+        if load is not None:
             raise TypeError("quantize= needs the weights in memory; pass it to enable_offload "
                             "after loading, not to a deferred load")
-        if quantize != "none":
-            skipped = _sdnq.quantize_model(model, quantize)
+        skipped = _sdnq.quantize_model(model, quantize)
 
     model_class = model_class_name(model)
     entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
@@ -538,8 +537,10 @@ def _enable(
         raise
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
-    result._record_quantized_compute(sdnq_layers, quantize, skipped)
-    result._install_sdnq_forwards(sdnq_layers)
+    report = native.report()
+    result._record_quantized_compute(sdnq_layers, quantize, skipped,
+                                     report.get("execution_device", "cuda:0"))
+    result._install_sdnq_forwards(sdnq_layers, report.get("executing", False))
     try:
         object.__setattr__(model, _ATTR, result)
     except Exception:  # a module that forbids attributes still works through the result

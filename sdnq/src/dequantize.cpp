@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "../kernels/dequantize_params.h"
+#include "kernel_dtype.h"
 #endif
 
 #include "ddo/core/status.h"
@@ -70,9 +71,7 @@ at::Tensor dequantize(const QuantizedWeight& w, const Layout& layout) {
     p.cols = layout.in;
     p.group_size = layout.group_size;
     p.type = static_cast<int>(layout.type);
-    p.out_dtype = layout.result_dtype == c10::kBFloat16 ? kernels::kDqBf16
-                  : layout.result_dtype == c10::kHalf   ? kernels::kDqFp16
-                                                        : kernels::kDqFp32;
+    p.out_dtype = internal::kernel_float_code(layout.result_dtype);
     p.transposed = layout.transposed;
     const int err = kernels::launch_sdnq_dequantize(
         p, c10::cuda::getCurrentCUDAStream(w.weight.device().index()).stream());

@@ -43,7 +43,21 @@ std::array<std::atomic<int>, kMaxDevices> g_path{};  // per device: kUnknown unt
 std::mutex g_mu;                                     // guards g_status and the first query
 std::array<KernelStatus, kMaxDevices> g_status;
 
-std::atomic<int> g_mode{-1};  // -1: not read yet; else a core::KernelMode
+std::atomic<int> g_mode{-1};                   // -1: not read yet; else a core::KernelMode
+std::atomic<int> g_quantized_matmul_mode{-1};  // likewise, a core::QuantizedMatmulMode
+
+// A mode read from the process environment at its first use and cached in `slot` (one acquire
+// load afterwards); a value the parser refuses throws, and is read again at the next call.
+template <typename Mode>
+Mode cached_mode(std::atomic<int>& slot, Status (*from_env)(const core::EnvMap&, Mode*)) {
+  const int mode = slot.load(std::memory_order_acquire);
+  if (C10_LIKELY(mode >= 0)) return static_cast<Mode>(mode);
+  Mode read{};
+  throw_if_error(from_env(core::process_env(), &read));
+  int expected = -1;
+  slot.compare_exchange_strong(expected, static_cast<int>(read), std::memory_order_acq_rel);
+  return static_cast<Mode>(slot.load(std::memory_order_acquire));
+}
 
 std::string arch_name(int version) {
   return fmt::format("sm_{}", version);
@@ -122,13 +136,11 @@ std::string missing_image_warning(int device, int device_major, int device_minor
 }
 
 core::KernelMode kernel_mode() {
-  int mode = g_mode.load(std::memory_order_acquire);
-  if (C10_LIKELY(mode >= 0)) return static_cast<core::KernelMode>(mode);
-  core::KernelMode from_env = core::KernelMode::kAuto;
-  throw_if_error(core::kernel_mode_from_env(core::process_env(), &from_env));
-  int expected = -1;
-  g_mode.compare_exchange_strong(expected, static_cast<int>(from_env), std::memory_order_acq_rel);
-  return static_cast<core::KernelMode>(g_mode.load(std::memory_order_acquire));
+  return cached_mode(g_mode, core::kernel_mode_from_env);
+}
+
+core::QuantizedMatmulMode quantized_matmul_mode() {
+  return cached_mode(g_quantized_matmul_mode, core::quantized_matmul_mode_from_env);
 }
 
 void set_kernel_mode(core::KernelMode mode) {

@@ -145,12 +145,12 @@ Layout Layout::decode(c10::IntArrayRef code) {
   DDO_CHECK(l.group_size >= 0 && (l.group_size == 0 || l.in % l.group_size == 0),
             Code::kInvalidArgument, "SDNQ layout code: group size ", l.group_size,
             " must be 0 (per row) or divide the ", l.in, " input features");
-  const bool matmul_type = l.type == QuantType::kInt8 || l.type == QuantType::kFloat8E4M3;
-  DDO_CHECK(!((l.transposed || l.quantized_matmul) && (l.group_size > 0 || !matmul_type)),
-            Code::kInvalidArgument, "SDNQ layout code: the ",
-            l.transposed ? "transposed (matmul) layout" : "quantized matmul",
-            " needs an int8 or float8_e4m3fn weight with one scale per row; got ",
-            to_string(l.type), l.group_size > 0 ? " with groups" : "");
+  DDO_CHECK(
+      !((l.transposed || l.quantized_matmul) && (l.group_size > 0 || !is_matmul_type(l.type))),
+      Code::kInvalidArgument, "SDNQ layout code: the ",
+      l.transposed ? "transposed (matmul) layout" : "quantized matmul",
+      " needs an int8 or float8_e4m3fn weight with one scale per row; got ", to_string(l.type),
+      l.group_size > 0 ? " with groups" : "");
   DDO_CHECK(!is_packed(l.type) || (l.out * l.in) % 2 == 0, Code::kInvalidArgument,
             "SDNQ layout code: a 4-bit weight needs an even number of elements");
   return l;

@@ -65,7 +65,7 @@ std::vector<std::int64_t> layout_code_kernel(c10::string_view weights_dtype,
 }
 
 // ddo::sdnq_quantize_skip: why `quantize=` keeps a dense Linear as it is ("" when it quantizes
-// it); throws for a bad option, so Python's keyword is checked here.
+// it); throws for a bad option.
 std::string quantize_skip_kernel(c10::string_view quantize, std::int64_t out_features,
                                  std::int64_t in_features, c10::ScalarType dtype) {
   if (!parse_quantize_option(std::string_view(quantize.data(), quantize.size()))) {

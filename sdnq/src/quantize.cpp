@@ -96,9 +96,9 @@ at::Tensor divisor(const at::Tensor& scale) {
 std::int64_t resolve_group_size(const QuantizeOptions& options, std::int64_t in_features) {
   std::int64_t g = options.group_size;
   if (g < 0) {
-    const bool matmul_type =
-        options.type == QuantType::kInt8 || options.type == QuantType::kFloat8E4M3;
-    if ((options.transposed || options.quantized_matmul) && matmul_type) return 0;
+    if ((options.transposed || options.quantized_matmul) && is_matmul_type(options.type)) {
+      return 0;
+    }
     g = (std::int64_t{1} << (num_bits(options.type) + 2)) * (options.use_svd ? 2 : 1);
   }
   if (g == 0) return 0;
@@ -121,8 +121,7 @@ std::pair<QuantizedWeight, Layout> quantize(const at::Tensor& dense_weight,
   DDO_CHECK(at::isFloatingType(dense_weight.scalar_type()), Code::kInvalidArgument,
             "SDNQ quantize: the weight is ", c10::toString(dense_weight.scalar_type()),
             "; quantize a floating-point weight");
-  const bool matmul_type =
-      options.type == QuantType::kInt8 || options.type == QuantType::kFloat8E4M3;
+  const bool matmul_type = is_matmul_type(options.type);
   DDO_CHECK(!options.transposed || matmul_type, Code::kInvalidArgument,
             "SDNQ quantize: transposed (the matmul layout) needs type int8 or float8_e4m3fn, got ",
             to_string(options.type));

@@ -1,19 +1,16 @@
 #include "ddo/sdnq/quantized_matmul.h"
 
-#include <array>
-#include <atomic>
-
 #include <ATen/ATen.h>
 #ifdef DDO_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 
 #include "../kernels/quantized_matmul_params.h"
+#include "kernel_dtype.h"
 #endif
 
-#include "ddo/core/settings.h"
 #include "ddo/core/status.h"
 #include "ddo/sdnq/kernel_status.h"
 
@@ -42,58 +39,6 @@
 namespace ddo::sdnq {
 namespace {
 
-bool is_matmul_type(QuantType t) {
-  return t == QuantType::kInt8 || t == QuantType::kFloat8E4M3;
-}
-
-enum class Mode : int { kUnread = -1, kAuto = 0, kOff = 1 };
-std::atomic<int> g_mode{static_cast<int>(Mode::kUnread)};
-
-// DDO_QUANTIZED_MATMUL: unset, empty or "auto" -> auto; "off" -> every layer dequantizes.
-Mode quantized_matmul_mode() {
-  int mode = g_mode.load(std::memory_order_acquire);
-  if (C10_LIKELY(mode >= 0)) return static_cast<Mode>(mode);
-  const core::EnvMap env = core::process_env();
-  Mode read = Mode::kAuto;
-  if (const auto it = env.find("DDO_QUANTIZED_MATMUL"); it != env.end()) {
-    if (it->second == "off") {
-      read = Mode::kOff;
-    } else {
-      DDO_CHECK(it->second.empty() || it->second == "auto", Code::kInvalidArgument,
-                "DDO_QUANTIZED_MATMUL=\"", it->second,
-                "\" is not a mode; use auto (quantized GEMMs where the card has them) or off "
-                "(every quantized layer dequantizes)");
-    }
-  }
-  int expected = static_cast<int>(Mode::kUnread);
-  g_mode.compare_exchange_strong(expected, static_cast<int>(read), std::memory_order_acq_rel);
-  return static_cast<Mode>(g_mode.load(std::memory_order_acquire));
-}
-
-#ifdef DDO_HAVE_CUDA
-constexpr int kMaxDevices = 64;
-std::array<std::atomic<int>, kMaxDevices> g_capability{};  // 0: not read yet
-
-int cuda_capability(int device) {
-  if (device < 0 || device >= kMaxDevices) return 0;
-  int cc = g_capability[device].load(std::memory_order_relaxed);
-  if (C10_LIKELY(cc != 0)) return cc;
-  int major = 0;
-  int minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  cc = major * 10 + minor;
-  g_capability[device].store(cc, std::memory_order_relaxed);
-  return cc;
-}
-
-int float_code(c10::ScalarType t) {
-  return t == c10::kBFloat16 ? kernels::kDqBf16
-         : t == c10::kHalf   ? kernels::kDqFp16
-                             : kernels::kDqFp32;
-}
-#endif
-
 bool is_float_input(c10::ScalarType t) {
   return t == c10::kBFloat16 || t == c10::kHalf || t == c10::kFloat;
 }
@@ -121,8 +66,10 @@ GemmTarget gemm_target(c10::Device device) {
   target.type = device.type();
 #ifdef DDO_HAVE_CUDA
   if (device.is_cuda()) {
-    target.capability =
-        cuda_capability(device.has_index() ? device.index() : c10::cuda::current_device());
+    // torch caches each device's properties: one lookup after the first.
+    const cudaDeviceProp* props = at::cuda::getDeviceProperties(
+        device.has_index() ? device.index() : c10::cuda::current_device());
+    target.capability = props->major * 10 + props->minor;
   }
 #endif
   return target;
@@ -135,7 +82,7 @@ LinearPathChoice choose_linear_path(const Layout& layout, c10::ScalarType scale_
   if (!layout.quantized_matmul || !is_matmul_type(layout.type) || layout.group_size != 0) {
     return {P::kDequantize, "the layout dequantizes (not a per-row quantized_matmul layer)"};
   }
-  if (quantized_matmul_mode() == Mode::kOff) {
+  if (quantized_matmul_mode() == core::QuantizedMatmulMode::kOff) {
     return {P::kDequantize, "DDO_QUANTIZED_MATMUL=off"};
   }
   if (scale_dtype != c10::kFloat) {
@@ -205,7 +152,7 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, QuantType t
     p.rows = x.size(0);
     p.cols = x.size(1);
     p.row_stride = x.stride(0);
-    p.in_dtype = float_code(x.scalar_type());
+    p.in_dtype = internal::kernel_float_code(x.scalar_type());
     p.type = static_cast<int>(type);
     const int err =
         kernels::launch_quantize_rows(p, c10::cuda::getCurrentCUDAStream(x.device().index()));
@@ -244,7 +191,7 @@ at::Tensor int8_scale_epilogue(const at::Tensor& acc, const at::Tensor& row_scal
     p.out = out.data_ptr();
     p.rows = acc.size(0);
     p.cols = acc.size(1);
-    p.out_dtype = float_code(out_dtype);
+    p.out_dtype = internal::kernel_float_code(out_dtype);
     const int err = kernels::launch_int8_scale_epilogue(
         p, c10::cuda::getCurrentCUDAStream(acc.device().index()));
     DDO_CHECK(err == 0, Code::kInternal, "ddo int8 epilogue kernel failed to launch (CUDA error ",
@@ -286,7 +233,7 @@ at::Tensor quantized_linear(const at::Tensor& input, const QuantizedWeight& w,
   if (w.svd_up.defined()) {
     out.add_(at::mm(at::mm(x.to(out_dtype), w.svd_down.t()), w.svd_up.t()));
   }
-  std::vector<std::int64_t> shape = input.sizes().vec();
+  c10::DimVector shape(input.sizes());
   shape.back() = layout.out;
   return out.view(shape);
 }

@@ -11,10 +11,12 @@ namespace ddo::adapter::internal {
 
 nlohmann::json kernels_report(const std::string& device_name) {
   nlohmann::json out = nlohmann::json::object();
+  // normalize_device_name checked the name and its index (core::check_device_index).
+  const bool cuda = device_name.rfind("cuda:", 0) == 0;
+  const c10::Device device = cuda ? c10::Device(device_name) : c10::Device(c10::kCPU);
   sdnq::KernelStatus dequantize;
-  if (device_name.rfind("cuda:", 0) == 0) {
-    // normalize_device_name checked the index (core::check_device_index).
-    dequantize = sdnq::dequantize_kernel_status(std::stoi(device_name.substr(5)));
+  if (cuda) {
+    dequantize = sdnq::dequantize_kernel_status(device.index());
   } else {
     dequantize = {sdnq::KernelPath::kReference,
                   "the " + device_name + " device computes on the CPU with ATen ops"};
@@ -25,9 +27,8 @@ nlohmann::json kernels_report(const std::string& device_name) {
   out["sdnq_dequantize"] = status;
   out["sdnq_quantize_rows"] = status;
   out["sdnq_int8_epilogue"] = status;
-  const bool cuda = device_name.rfind("cuda:", 0) == 0;
-  const sdnq::GemmTarget target =
-      cuda ? sdnq::gemm_target(c10::Device(device_name)) : sdnq::GemmTarget{};
+  // The simulation computes on the CPU: the CPU's rules.
+  const sdnq::GemmTarget target = sdnq::gemm_target(device);
   for (const sdnq::QuantType type : {sdnq::QuantType::kInt8, sdnq::QuantType::kFloat8E4M3}) {
     sdnq::Layout layout;
     layout.type = type;

@@ -135,6 +135,14 @@ enum class KernelMode { kAuto, kReference };
 /// (sdnq/kernel_status.h).
 Status kernel_mode_from_env(const EnvMap& env, KernelMode* out);
 
+/// Whether per-row int8 and fp8 layers marked quantized_matmul run a low-precision GEMM where the
+/// card has one (kAuto) or dequantize everywhere (kOff) (sdnq/quantized_matmul.h).
+enum class QuantizedMatmulMode { kAuto, kOff };
+
+/// DDO_QUANTIZED_MATMUL in `env`: unset, empty or "auto" -> kAuto; "off" -> kOff; any other
+/// value is kInvalidArgument naming the two. Read once per process (sdnq/kernel_status.h).
+Status quantized_matmul_mode_from_env(const EnvMap& env, QuantizedMatmulMode* out);
+
 /// Splits a DDO_*_PATTERNS value on ',' and ';', trimming blanks and dropping empty items.
 std::vector<std::string> split_pattern_list(std::string_view text);
 

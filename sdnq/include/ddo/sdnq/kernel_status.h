@@ -49,6 +49,10 @@ core::KernelMode kernel_mode();
 /// Sets the mode for every device from now on (tests compare the two paths with it).
 void set_kernel_mode(core::KernelMode mode);
 
+/// The process-wide quantized-matmul mode: DDO_QUANTIZED_MATMUL at the first call (throws
+/// ddo::Error on a bad value), read and cached as kernel_mode() is.
+core::QuantizedMatmulMode quantized_matmul_mode();
+
 /// The status for what the CUDA runtime reported about one device (what dequantize_kernel_status
 /// caches; public so that tests can give it the answers of devices they do not have): `error` 0
 /// with the running code's architecture (`binary_version`, 86 for sm_86), or the runtime's

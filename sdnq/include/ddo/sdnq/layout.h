@@ -72,6 +72,10 @@ inline bool is_packed(QuantType t) {
 inline bool is_unsigned(QuantType t) {
   return t == QuantType::kUint8 || t == QuantType::kUint4;
 }
+/// True for the types a quantized GEMM multiplies: int8 and float8_e4m3fn (quantized_matmul.h).
+inline bool is_matmul_type(QuantType t) {
+  return t == QuantType::kInt8 || t == QuantType::kFloat8E4M3;
+}
 /// Bits per quantized element.
 inline int num_bits(QuantType t) {
   return is_packed(t) ? 4 : 8;
