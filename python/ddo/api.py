@@ -317,7 +317,7 @@ def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]], list[t
                 )
         else:
             kind = _kind(module)
-        entries.append((name, type(module).__qualname__, kind, is_leaf, slots))
+        entries.append((name, type(module).__qualname__, kind, is_leaf, module.training, slots))
     return entries, kept, sdnq_layers
 
 

@@ -43,21 +43,22 @@ namespace {
 
 using nlohmann::json;
 
-// The tree from Python's tuples: (name, class_name, kind, is_leaf, [(tensor_name, tensor,
-// is_parameter), ...]) in named_modules() order.
+// The tree from Python's tuples: (name, class_name, kind, is_leaf, training, [(tensor_name,
+// tensor, is_parameter), ...]) in named_modules() order.
 adapter::ModuleTree tree_from(const std::string& model_class, const py::list& entries) {
   adapter::ModuleTree tree;
   tree.model_class = model_class;
   tree.entries.reserve(entries.size());
   for (py::handle item : entries) {
     auto t = item.cast<py::tuple>();
-    if (t.size() != 5) throw py::type_error("module entries are 5-tuples");
+    if (t.size() != 6) throw py::type_error("module entries are 6-tuples");
     adapter::ModuleEntry entry;
     entry.name = t[0].cast<std::string>();
     entry.class_name = t[1].cast<std::string>();
     raise_status(core::parse_module_kind(t[2].cast<std::string>(), &entry.kind));
     entry.is_leaf = t[3].cast<bool>();
-    for (py::handle slot_item : t[4].cast<py::list>()) {
+    entry.training = t[4].cast<bool>();
+    for (py::handle slot_item : t[5].cast<py::list>()) {
       auto slot = slot_item.cast<py::tuple>();
       adapter::TensorSlot tensor_slot;
       tensor_slot.name = slot[0].cast<std::string>();

@@ -117,6 +117,52 @@ def test_capped_load_with_a_dtype_converts_the_disk_units_every_step(flux_dir):
     loaded.offload.remove()
 
 
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+@torch.no_grad()
+def test_disk_tier_parameters_read_as_their_weights_and_a_write_is_refused(flux_dir, dtype):
+    # Issue 35, item 1 (Note [Disk-tier storage] in torch/src/attach_plan.cpp): while the offload
+    # is active a disk-tier parameter reads as its weight (not zeros), through ops ddo does not
+    # intercept, state_dict and norms alike; with dtype= the converted values come from a
+    # temporary file. An in-place write does not fault; serving it is refused, naming the disk
+    # tier, and the checkpoint is unchanged.
+    path, streamed = flux_dir
+    library = diffusers.FluxTransformer2DModel.from_pretrained(path, torch_dtype=dtype).eval()
+    before = {f: f.read_bytes() for f in path.glob("*.safetensors")}
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=dict(STREAM, host_ram_cap_gb=streamed * 0.4 / GIB,
+                                    prefetch_window_mb=0.03),
+        dtype=dtype,
+    )
+    load = loaded.report()["setup"]["load"]
+    assert load["disk_bytes"] > 0, load
+    assert (load["disk_spill_bytes"] > 0) == (dtype is not None), load
+    expected = dict(library.state_dict())
+    managed = [n for n, p in loaded.module.named_parameters() if ddo._C.is_managed(p)]
+    assert managed
+    for name, value in loaded.module.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+        assert value.norm() == expected[name].norm(), name
+    # An op ddo does not intercept reads the weight itself.
+    layer = loaded.module.transformer_blocks[0].ff.net[2]
+    ref_layer = library.transformer_blocks[0].ff.net[2]
+    x = torch.randn(3, layer.weight.shape[1], dtype=layer.weight.dtype)
+    torch.testing.assert_close(torch.nn.functional.linear(x, layer.weight * 1.0),
+                               torch.nn.functional.linear(x, ref_layer.weight * 1.0))
+    inputs = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v
+              for k, v in flux_inputs(0).items()}
+    output = loaded.module(**inputs).sample
+    torch.testing.assert_close(output, library(**inputs).sample, rtol=1e-5, atol=1e-6)
+    # Every managed weight written in place: no fault; a disk-tier one cannot be served.
+    for p in loaded.module.parameters():
+        if ddo._C.is_managed(p):
+            p.mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"changed in place .*disk tier.*host_ram_cap_gb"):
+        loaded.module(**inputs)
+    loaded.offload.remove()
+    assert {f: f.read_bytes() for f in path.glob("*.safetensors")} == before
+
+
 @torch.no_grad()
 def test_a_file_truncated_after_the_load_fails_the_step_clearly_and_recovers(tmp_path):
     # The disk tier reads the files every step, so they can change under it (a model folder

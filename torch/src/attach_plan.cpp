@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -21,12 +22,14 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #ifdef DDO_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
 #include "ddo/core/config.h"
+#include "ddo/core/mapped_file.h"
 #include "ddo/core/os_memory.h"
 #include "ddo/core/units.h"
 #include "ddo/core/working_set.h"
@@ -83,6 +86,11 @@ bool kept_on_device_by_ddo(const at::Tensor& t) {
     if (w._unsafe_get_target() == impl && !w.expired()) return true;
   }
   return false;
+}
+
+// The version counter's value (0 for an inference tensor, which has none).
+std::uint32_t current_version(const at::Tensor& t) {
+  return t.is_inference() ? 0 : t._version();
 }
 
 void set_weight(at::Tensor& handle, const at::Tensor& data) {
@@ -497,22 +505,79 @@ std::vector<UnitLayout> layout_stream_units(OffloadState& s,
   return units;
 }
 
+// Note [Disk-tier storage]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A disk-tier unit's bytes stay in the checkpoint: the copy scheduler reads them every step into
+// its pinned ring. Its parameters still need host storage that reads as the weight, for what ddo
+// does not intercept (an op on `weight * 1.0`, state_dict, torch.save, printing). They point into
+// the checkpoint file itself, mapped copy-on-write (core::MappedFile): its pages come from the
+// page cache when something reads them and cost nothing until then, a write gets a private page
+// and never reaches the file (Note [Weights changed in place] refuses to serve it). A tensor whose
+// file bytes are not what its parameter holds (another dtype, LoadOptions::dtype) or that is not
+// aligned to its element size is converted once at attach into a temporary file in the system's
+// temporary directory, mapped the same way, its pages dropped once written (setup.load
+// "disk_spill_bytes").
+struct DiskBacking {
+  std::map<int, core::MappedFile> files;  // checkpoint file index -> its mapping
+  core::MappedFile spill;
+};
+
+// Where each tensor of each disk-tier unit points: `(*data)[unit][k]`; empty for other units.
+std::shared_ptr<DiskBacking> map_disk_tensors(OffloadState& s, const std::vector<UnitLayout>& units,
+                                              std::vector<std::vector<char*>>* data) {
+  auto backing = std::make_shared<DiskBacking>();
+  data->assign(units.size(), {});
+  std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> spilled;  // unit, k, offset
+  std::vector<WeightSource::Read> spill_reads;
+  std::size_t spill_bytes = 0;
+  for (std::size_t ui = 0; ui < units.size(); ++ui) {
+    const UnitLayout& u = units[ui];
+    if (!u.disk) continue;
+    (*data)[ui].assign(u.ids.size(), nullptr);
+    for (std::size_t k = 0; k < u.ids.size(); ++k) {
+      const ReplacedTensor& r = s.replaced[u.ids[k]];
+      const core::CheckpointTensor& t = s.weights->find(r.name);
+      const auto element = static_cast<std::uint64_t>(r.handle.element_size());
+      if (to_scalar_type(t.dtype) == r.handle.scalar_type() && t.offset % element == 0) {
+        auto [it, fresh] = backing->files.try_emplace(t.file);
+        if (fresh) {
+          throw_if_error(
+              core::MappedFile::map_private(s.weights->checkpoint().files[t.file], &it->second));
+        }
+        (*data)[ui][k] = it->second.data() + t.offset;
+        continue;
+      }
+      spill_bytes = (spill_bytes + 255) / 256 * 256;
+      spilled.emplace_back(ui, k, spill_bytes);
+      spill_reads.push_back(
+          {r.name, reinterpret_cast<void*>(spill_bytes), r.handle.scalar_type(), r.handle.numel()});
+      spill_bytes += span_bytes(r.handle);
+    }
+  }
+  if (spill_bytes > 0) {
+    throw_if_error(core::MappedFile::create_temporary(std::filesystem::temp_directory_path(),
+                                                      spill_bytes, &backing->spill));
+    throw_if_error(s.weights->read_unit(spill_reads, backing->spill.data()));
+    backing->spill.drop_pages(0, spill_bytes);
+    for (const auto& [ui, k, offset] : spilled) (*data)[ui][k] = backing->spill.data() + offset;
+    s.setup.disk_spill_bytes = static_cast<std::int64_t>(spill_bytes);
+  }
+  return backing;
+}
+
 // Phase 5a: the host bytes of the units: the weight cache's slabs on a hit, else fresh slabs
-// (pinned where the plan says so); disk-tier units get placeholder address space instead.
-// Returns that placeholder's base (nullptr without disk-tier units).
-char* make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
-                      const std::vector<UnitLayout>& units, const std::vector<int>& streamed_ids) {
+// (pinned where the plan says so); disk-tier units get no slab, their tensors point where
+// map_disk_tensors says.
+void make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
+                     const std::vector<UnitLayout>& units, const std::vector<int>& streamed_ids) {
   const core::DynamicOffloadConfig& config = s.settings.config;
-  std::size_t disk_bytes = 0;
+  bool any_disk = false;
   bool any_adopted = false;
   for (const UnitLayout& u : units) {
     rt->unit_on_disk.push_back(u.disk);
-    if (u.disk) disk_bytes = std::max(disk_bytes, u.bytes);
+    any_disk = any_disk || u.disk;
     any_adopted = any_adopted || u.adopted;
   }
-  char* disk_base = nullptr;
-  if (disk_bytes > 0) rt->disk_backing = placeholder_span(disk_bytes, &disk_base);
-  const bool any_disk = disk_base != nullptr;
   // The pinned-weight cache keeps slabs; disk-tier units have none, so it stays out of the way.
   if (config.cache_pinned_weights && any_disk) s.setup.weight_cache = "off: disk tier";
   // Loader pins are the loader's: remove() gives them back, there is no slab to keep.
@@ -545,7 +610,6 @@ char* make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
     rt->slabs = std::shared_ptr<engine::HostSlabs>(
         raw, [pinned_by](engine::HostSlabs* slabs) { delete slabs; });
   }
-  return disk_base;
 }
 
 // Phase 5b: the copy scheduler with its staging ring, and each unit's candidate block.
@@ -597,18 +661,21 @@ void make_scheduler(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
         name = dot == std::string::npos ? std::string() : name.substr(0, dot);
       }
       rt->unit_candidate.push_back(name);
+      rt->unit_names.push_back(u.ids.empty() ? std::string() : s.replaced[u.ids.front()].name);
     }
   }
 }
 
 // Phase 5c: fills the slabs and re-points every streamed tensor at its managed storage.
 void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
-                      const std::vector<UnitLayout>& units, char* disk_base, int pin_workers) {
+                      const std::vector<UnitLayout>& units,
+                      const std::vector<std::vector<char*>>& disk_data, int pin_workers) {
   const core::DynamicOffloadConfig& config = s.settings.config;
-  auto unit_data = [&](std::size_t ui) -> char* {
-    if (units[ui].disk) return disk_base;
-    if (units[ui].adopted) return units[ui].data;
-    return static_cast<char*>(rt->slabs->tensor_ptr(ui));
+  // Where tensor k of unit ui lives in host memory.
+  auto tensor_data = [&](std::size_t ui, std::size_t k) -> char* {
+    if (units[ui].disk) return disk_data[ui][k];
+    if (units[ui].adopted) return units[ui].data + units[ui].offsets[k];
+    return static_cast<char*>(rt->slabs->tensor_ptr(ui)) + units[ui].offsets[k];
   };
   // Fill and re-point in chunks (Note [Setup order]).
   std::vector<std::tuple<void*, const void*, std::size_t>> jobs;
@@ -623,12 +690,16 @@ void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
     for (const auto& [ui, k] : pending) {
       const UnitLayout& u = units[ui];
       ReplacedTensor& r = s.replaced[u.ids[k]];
-      char* data = unit_data(ui) + u.offsets[k];
+      char* data = tensor_data(ui, k);
       at::Tensor managed =
           make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
                               r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
       set_weight(r.handle, managed);
-      if (r.handle.requires_grad()) r.handle.set_requires_grad(false);
+      if (r.handle.requires_grad()) {
+        r.handle.set_requires_grad(false);
+        ++rt->frozen_weights;
+      }
+      managed_of(managed)->version = current_version(r.handle);
     }
     jobs.clear();
     pending.clear();
@@ -742,9 +813,13 @@ void build_stream_runtime(OffloadState& s, const std::vector<UnitLayout>& units,
       streamed_ids.push_back(units[ui].ids[k]);
     }
   }
-  char* disk_base = make_host_slabs(s, rt, units, streamed_ids);
+  make_host_slabs(s, rt, units, streamed_ids);
+  std::vector<std::vector<char*>> disk_data;
+  if (std::any_of(units.begin(), units.end(), [](const UnitLayout& u) { return u.disk; })) {
+    rt->disk_backing = map_disk_tensors(s, units, &disk_data);
+  }
   make_scheduler(s, rt, units);
-  fill_and_repoint(s, rt, units, disk_base, pin_workers);
+  fill_and_repoint(s, rt, units, disk_data, pin_workers);
   register_units(s, rt, units);
   const engine::HostSlabStats& hs = rt->slabs->stats();
   s.setup.pinned_bytes = hs.pinned_bytes;
@@ -789,15 +864,72 @@ void finish_attach(OffloadState& s) {
     if (r.tied_to < 0) continue;
     at::Tensor target = s.replaced[r.tied_to].handle;
     set_weight(r.handle, target.detach());
+    // One counter for both parameters, as views share one: a write through either is seen
+    // (Note [Weights changed in place] in intercept_common.h).
+    if (managed_of(target) != nullptr && !r.handle.is_inference() && !target.is_inference()) {
+      r.handle.unsafeGetTensorImpl()->set_version_counter(
+          target.unsafeGetTensorImpl()->version_counter());
+    }
     if (r.handle.requires_grad() && managed_of(target) != nullptr)
       r.handle.set_requires_grad(false);
   }
+}
+
+// Note [Training under offload]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A streamed weight lives in host memory and reaches the device only as a staged view that the
+// op reads; autograd would put its gradient on the execution device, which a CPU parameter cannot
+// take, so streamed weights are inference-only and get requires_grad=false while attached
+// (restored by remove()). Gradients still flow through them to the inputs: the backward mm reads
+// the weight through the same interception, which is what training adapters (LoRA) on a frozen
+// base needs.
+//
+// What must not happen is a training step that silently leaves a weight without its gradient.
+// Every parameter requires grad by default and every module starts in training mode, in Python
+// and in C++, so neither says "this will be trained". What does is a model in training mode
+// whose parameters the host has sorted, some frozen and some not: then a streamed weight that
+// still requires grad is one the host means to train (an adapter the plan would stream), and the
+// attach fails naming its modules, before anything moves. Otherwise (an untouched model, all
+// parameters requiring grad) the weights are frozen for inference, counted in the report, and the
+// first op that runs with autograd enabled warns once per offload (StageScope::stage).
+void refuse_trainable_streamed(const OffloadState& s) {
+  bool sorted = false;  // some parameter of the model is frozen
+  for (const ModuleEntry& entry : s.tree.entries) {
+    for (const TensorSlot& slot : entry.tensors) {
+      sorted = sorted || (slot.is_parameter && !slot.tensor.requires_grad());
+    }
+  }
+  if (!sorted) return;
+  std::vector<std::string> names;
+  std::size_t count = 0;
+  for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
+    const ModuleEntry& entry = s.tree.entries[m];
+    if (!entry.training) continue;
+    bool listed = false;
+    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
+      if (s.plan.modules[m].tensors[t].action != core::TensorAction::kStream) continue;
+      if (!entry.tensors[t].tensor.requires_grad()) continue;
+      ++count;
+      if (!listed && names.size() < 8) names.push_back(entry.name.empty() ? "<root>" : entry.name);
+      listed = true;
+    }
+  }
+  if (count == 0) return;
+  throw Error(Code::kFailedPrecondition,
+              fmt::format("enable_offload: {} weight(s) that require grad would be streamed in "
+                          "modules in training mode ({}{}), while other parameters are frozen; "
+                          "streamed weights are inference-only and would get no gradient. Keep "
+                          "the modules you train resident (always_resident_modules_pattern), or "
+                          "freeze them with requires_grad_(False); for inference, call eval() on "
+                          "the model",
+                          count, fmt::join(names, ", "), names.size() < count ? ", ..." : ""));
 }
 
 }  // namespace
 
 void apply_plan(OffloadState& s, int pin_workers) {
   // Note [Attach phases].
+  refuse_trainable_streamed(s);
   std::vector<std::size_t> stays_from_file;
   const std::vector<std::vector<int>> replaced_of = collect_replaced(s, stays_from_file);
   check_smallest_plan_fits(s);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <optional>
 
 #include <ATen/core/Tensor.h>
@@ -25,12 +26,40 @@
 
 namespace ddo::adapter::internal {
 
+// Note [Weights changed in place]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A managed weight's storage is its host copy, so an in-place write (weight.mul_(2),
+// load_state_dict's copy_, a LoRA fuse through the parameter) lands where the next host-to-device
+// copy reads. What can still be stale is a copy made before the write: a unit prefetched for the
+// next step, or a released region the scheduler serves again. Every in-place op bumps the
+// tensor's version counter (shared by its views and by detach()), so each record keeps the
+// version its parameter had when last served, and the gate of every interception kernel compares
+// it for each managed argument before the op stages anything: one load and one compare per
+// managed argument. On a change the staged copies are dropped (the next acquire copies the new
+// bytes) and the version is taken; a weight of the disk tier cannot be served from its host
+// copy (the scheduler reads the checkpoint), so its change is an error that says what to do.
+// Writes through `.data` get a fresh version counter from torch and are not seen (docs/guide.md).
+void note_changed_in_place(ManagedWeight* m, std::uint32_t version);
+
+inline ManagedWeight* managed_checked(const at::Tensor& t) {
+  ManagedWeight* m = managed_of(t);
+  if (m != nullptr) {
+    if (C10_LIKELY(!t.unsafeGetTensorImpl()->is_inference())) {
+      const auto version = static_cast<std::uint32_t>(t._version());
+      if (C10_UNLIKELY(version != m->version)) note_changed_in_place(m, version);
+    }
+  }
+  return m;
+}
+inline ManagedWeight* managed_checked(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? managed_checked(*t) : nullptr;
+}
+
+// True when any argument is managed. Every argument is looked at (no short circuit), so that the
+// version check of Note [Weights changed in place] runs for all of them before anything is staged.
 template <typename... Ts>
 inline bool any_managed(const Ts&... tensors) {
-  return ((managed_of(tensors) != nullptr) || ...);
-}
-inline bool any_managed_opt(const std::optional<at::Tensor>& t) {
-  return t.has_value() && managed_of(*t) != nullptr;
+  return ((managed_checked(tensors) != nullptr) | ...);
 }
 
 // The compute stream of a CUDA execution device; set by the CUDA-enabled part of the adapter.

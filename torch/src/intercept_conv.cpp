@@ -20,7 +20,7 @@ at::Tensor convolution_staged(engine::DeviceKind kind, const at::Tensor& input,
                               at::IntArrayRef stride, at::IntArrayRef padding,
                               at::IntArrayRef dilation, bool transposed,
                               at::IntArrayRef output_padding, int64_t groups) {
-  if (C10_LIKELY(!any_managed(input, weight) && !any_managed_opt(bias))) {
+  if (C10_LIKELY(!any_managed(input, weight, bias))) {
     return at::compositeexplicitautograd::convolution(input, weight, bias, stride, padding,
                                                       dilation, transposed, output_padding, groups);
   }
@@ -35,7 +35,7 @@ at::Tensor underscore_convolution_staged(
     const std::optional<at::Tensor>& bias, at::IntArrayRef stride, at::IntArrayRef padding,
     at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups,
     bool benchmark, bool deterministic, bool cudnn_enabled, bool allow_tf32) {
-  if (C10_LIKELY(!any_managed(input, weight) && !any_managed_opt(bias))) {
+  if (C10_LIKELY(!any_managed(input, weight, bias))) {
     return at::compositeexplicitautograd::_convolution(
         input, weight, bias, stride, padding, dilation, transposed, output_padding, groups,
         benchmark, deterministic, cudnn_enabled, allow_tf32);

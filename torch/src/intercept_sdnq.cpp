@@ -17,9 +17,7 @@ at::Tensor sdnq_linear_staged(engine::DeviceKind kind, const at::Tensor& input,
                               const std::optional<at::Tensor>& svd_up,
                               const std::optional<at::Tensor>& svd_down,
                               const std::optional<at::Tensor>& bias, at::IntArrayRef layout) {
-  if (C10_LIKELY(!any_managed(weight, scale) && !any_managed_opt(zero_point) &&
-                 !any_managed_opt(svd_up) && !any_managed_opt(svd_down) &&
-                 !any_managed_opt(bias))) {
+  if (C10_LIKELY(!any_managed(weight, scale, zero_point, svd_up, svd_down, bias))) {
     return sdnq::linear_kernel(input, weight, scale, zero_point, svd_up, svd_down, bias, layout);
   }
   StageScope scope(kind, "sdnq_linear");
@@ -34,8 +32,7 @@ at::Tensor sdnq_dequantize_staged(engine::DeviceKind kind, const at::Tensor& wei
                                   const std::optional<at::Tensor>& svd_up,
                                   const std::optional<at::Tensor>& svd_down,
                                   at::IntArrayRef layout) {
-  if (C10_LIKELY(!any_managed(weight, scale) && !any_managed_opt(zero_point) &&
-                 !any_managed_opt(svd_up) && !any_managed_opt(svd_down))) {
+  if (C10_LIKELY(!any_managed(weight, scale, zero_point, svd_up, svd_down))) {
     return sdnq::dequantize_kernel(weight, scale, zero_point, svd_up, svd_down, layout);
   }
   StageScope scope(kind, "sdnq_dequantize");

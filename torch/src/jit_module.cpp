@@ -86,6 +86,7 @@ ModuleTree module_tree_from(const torch::jit::Module& model) {
     entry.class_name = module_class_name(module);
     entry.kind = detect_kind(entry.class_name);
     entry.is_leaf = module.children().size() == 0;
+    entry.training = module.is_training();
     for (const auto& p : module.named_parameters(/*recurse=*/false)) {
       if (p.value.defined()) entry.tensors.push_back({p.name, p.value, true});
     }

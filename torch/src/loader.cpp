@@ -130,12 +130,6 @@ at::Tensor make_placeholder(at::IntArrayRef sizes, at::ScalarType dtype) {
                                    &placeholder_deleter);
 }
 
-std::shared_ptr<void> placeholder_span(std::size_t bytes, char** base) {
-  std::shared_ptr<PlaceholderRegion> region = region_for(bytes);
-  *base = static_cast<char*>(region->base);
-  return region;
-}
-
 bool is_placeholder(const at::Tensor& t) {
   return internal::has_deleter(t, &placeholder_deleter);
 }

@@ -58,6 +58,14 @@ struct StreamRuntime {
   // Cold: the residency candidate (block) each unit belongs to, "" for none; calibration
   // attributes measured compute to candidates through it (measured_candidate_compute).
   std::vector<std::string> unit_candidate;
+  // Cold: one tensor name per unit, for errors ("blocks.3.attn.to_q.weight").
+  std::vector<std::string> unit_names;
+  // Weights that required grad and were frozen at attach (Note [Training under offload] in
+  // attach_plan.cpp); the first op with autograd enabled warns once.
+  std::int64_t frozen_weights = 0;
+  bool warned_grad = false;
+  std::int64_t changed_in_place = 0;  // COUNT: in-place changes served (Note [Weights changed
+                                      // in place])
 
   // Owners, destroyed in reverse order: the scheduler's staging, then the slabs, then the device.
   std::shared_ptr<engine::Device> device;
@@ -66,7 +74,8 @@ struct StreamRuntime {
   std::shared_ptr<engine::HostSlabs> slabs;
   // Disk-tier units (Note [Disk tier] in copy_scheduler.cpp): true where a unit's bytes are read
   // from the checkpoint every step instead of living in a slab. Their managed storages point
-  // into `disk_backing` (placeholder address space, never read by a served op).
+  // into `disk_backing`: the checkpoint files mapped copy-on-write, and a temporary file for
+  // converted tensors (Note [Disk-tier storage] in attach_plan.cpp).
   std::vector<bool> unit_on_disk;
   std::shared_ptr<void> disk_backing;
   std::unique_ptr<engine::CopyScheduler> scheduler_owner;
@@ -82,6 +91,9 @@ struct ManagedWeight {
   int unit = -1;
   std::size_t offset_bytes = 0;  // byte offset of this storage inside its unit
   std::shared_ptr<StreamRuntime> owner;
+  // The version counter of the parameter when it was last served (Note [Weights changed in
+  // place] in intercept_common.h).
+  std::uint32_t version = 0;
 };
 
 // The deleter of every managed storage: frees the record only (the slab belongs to the runtime).

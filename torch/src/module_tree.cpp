@@ -47,6 +47,7 @@ ModuleTree module_tree_from(torch::nn::Module& model) {
     entry.class_name = module_class_name(*module);
     entry.kind = detect_kind(*module);
     entry.is_leaf = module->children().empty();
+    entry.training = module->is_training();
     for (const auto& p : module->named_parameters(/*recurse=*/false)) {
       if (p.value().defined()) entry.tensors.push_back({p.key(), p.value(), true});
     }

@@ -72,6 +72,7 @@ nlohmann::json Offload::report() const {
         {"tier", f.disk_bytes > 0 ? "host+disk" : "host"},
         {"disk_bytes", f.disk_bytes},
         {"disk_ring_bytes", f.disk_ring_bytes},
+        {"disk_spill_bytes", f.disk_spill_bytes},
         // Residents and move-once tensors that went file -> pinned bounce buffer -> device.
         {"bounced_bytes", f.bounced_bytes}};
   }
@@ -91,6 +92,8 @@ nlohmann::json Offload::report() const {
   if (s.runtime) {
     const engine::SchedulerStats st = s.runtime->scheduler->stats();
     run["intercepted_ops"] = s.runtime->intercepted_ops;
+    run["weights_changed_in_place"] = s.runtime->changed_in_place;
+    run["weights_frozen"] = s.runtime->frozen_weights;
     run["acquires"] = st.acquires;
     run["bytes_streamed"] = st.bytes_copied;
     // Totals from the timed samples (Note [Copy timing]): all of them in Timing::kFull.

@@ -9,6 +9,7 @@
 #include <string>
 
 #include <ATen/ops/from_blob.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 #ifdef DDO_HAVE_CUDA
@@ -62,6 +63,33 @@ void set_current_stream_fn(CurrentStreamFn fn) {
 }
 CurrentStreamFn current_stream_fn() {
   return g_current_stream.load(std::memory_order_relaxed);
+}
+
+// --- weights changed in place (Note [Weights changed in place] in intercept_common.h) ---------
+
+void note_changed_in_place(ManagedWeight* m, std::uint32_t version) {
+  StreamRuntime* rt = m->runtime;
+  const auto unit = static_cast<std::size_t>(m->unit);
+  const std::string& name = unit < rt->unit_names.size() ? rt->unit_names[unit] : "?";
+  TORCH_CHECK(unit >= rt->unit_on_disk.size() || !rt->unit_on_disk[unit],
+              "ddo: a weight of "
+              "stream unit ",
+              m->unit, " (with ", name,
+              ") was changed in place while the offload "
+              "is active, but that unit is read from the checkpoint every step (the disk tier), "
+              "so the change cannot be served; change weights before enable_offload, or call "
+              "remove() first and attach again, or raise host_ram_cap_gb so the unit is held in "
+              "host memory");
+  TORCH_CHECK(!rt->in_op.load(std::memory_order_acquire), "ddo: a weight of stream unit ", m->unit,
+              " (with ", name,
+              ") was changed in place while another thread was "
+              "running an op of the same offloaded model; ddo serves an offloaded model from one "
+              "thread at a time");
+  // Copies made before the write are dropped; the next acquire copies the host bytes again.
+  rt->release_held();
+  rt->scheduler->drain();
+  m->version = version;
+  ++rt->changed_in_place;
 }
 
 // --- the staging step ----------------------------------------------------------------------------
@@ -132,6 +160,15 @@ at::Tensor StageScope::stage(const at::Tensor& t) {
   if (!counted_) {
     ++rt->intercepted_ops;
     counted_ = true;
+    if (C10_UNLIKELY(rt->frozen_weights > 0 && !rt->warned_grad) && at::GradMode::is_enabled()) {
+      rt->warned_grad = true;  // Note [Training under offload] in attach_plan.cpp
+      TORCH_WARN("ddo: an offloaded model runs with autograd enabled, but its ", rt->frozen_weights,
+                 " streamed weights that required grad were frozen at "
+                 "attach (streamed weights are inference-only) and get no gradient. Run "
+                 "inference under torch.no_grad() or inference mode (it also saves memory); to "
+                 "train adapters, freeze the base with requires_grad_(False) and keep the "
+                 "adapters resident");
+    }
   }
   char* data = base + m->offset_bytes + t.storage_offset() * static_cast<int64_t>(t.itemsize());
   at::Tensor staged =

@@ -47,6 +47,9 @@ class WeightSource {
   // Emits the final "load" event (bytes, seconds, GB/s).
   void finish(const RecordEvent& events);
 
+  // The file's tensor for `name` (directly or under a tied tensor's name); throws when the files
+  // do not hold it.
+  const core::CheckpointTensor& find(const std::string& name) const;
   // True when the files hold `name` (directly or under a tied tensor's name).
   bool has(const std::string& name) const;
   std::uint64_t bytes_read() const { return done_bytes_; }
@@ -58,7 +61,6 @@ class WeightSource {
   const LoadOptions& options() const { return options_; }
 
  private:
-  const core::CheckpointTensor& find(const std::string& name) const;
   void report(const RecordEvent& events, bool final_event);
 
   core::Checkpoint checkpoint_;
@@ -81,10 +83,6 @@ void retype_placeholders(ModuleTree& tree, std::optional<at::ScalarType> dtype);
 // Reads every tensor of `tree` that `source` holds into CPU memory: placeholders get fresh
 // tensors, other tensors are overwritten in place.
 void materialize(const ModuleTree& tree, WeightSource& source, const RecordEvent& events);
-
-// `bytes` of read-only address space that reads as zeros and costs no memory (Note
-// [Placeholders]): where a disk-tier unit's managed storages point. The result keeps it mapped.
-std::shared_ptr<void> placeholder_span(std::size_t bytes, char** base);
 
 // The module's full name of a tensor slot ("blocks.0.attn.to_q.weight").
 std::string slot_name(const ModuleEntry& entry, const TensorSlot& slot);

@@ -60,7 +60,10 @@ struct ModuleEntry {
   std::string class_name;  ///< "torch::nn::LinearImpl", "my::Block", or the Python class name
   /// Linear, Conv or Embedding: the ops ddo intercepts.
   core::ModuleKind kind = core::ModuleKind::kOther;
-  bool is_leaf = true;              ///< no child modules
+  bool is_leaf = true;  ///< no child modules
+  /// In training mode (`module.training`, `is_training()`): a streamed weight that requires grad
+  /// here is refused at attach (Note [Training under offload] in attach_plan.cpp).
+  bool training = false;
   std::vector<TensorSlot> tensors;  ///< direct parameters, then buffers
 };
 
