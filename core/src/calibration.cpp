@@ -151,6 +151,8 @@ json ProfileReport::to_json() const {
   if (headroom_gb) out["headroom_gb"] = *headroom_gb;
   if (profile_measurement_kind) out["profile_measurement_kind"] = *profile_measurement_kind;
   if (measurement) out["measurement"] = measurement->to_json();
+  if (weights) out["weights"] = *weights;
+  if (measured_weights) out["measured_weights"] = *measured_weights;
   if (!notes.empty()) out["notes"] = notes;
   if (error) out["error"] = *error;
   return out;
@@ -202,7 +204,8 @@ void check_can_calibrate(const DynamicOffloadConfig& config, const DeviceFacts& 
 }  // namespace
 
 PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_view model_class,
-                                const ProfileStore& store, const DeviceFacts& device) {
+                                const ProfileStore& store, const DeviceFacts& device,
+                                std::string_view weights) {
   PreparedProfile p;
   const std::string& name = config.profile_name;
   if (name.empty()) {
@@ -236,6 +239,8 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   ProfileReport& report = p.report;
   report.name = name;
   report.path = p.record_path.string();
+  p.weights = std::string(weights);
+  if (!weights.empty()) report.weights = p.weights;
   report.headroom_gb = headroom;
   if (device.total_vram_bytes > 0) report.total_vram_gb = p.total_vram_gb;
 
@@ -291,6 +296,22 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   report.profile_measurement_kind = rec.profile_measurement_kind;
   report.peak_vram_gb = rec.peak_vram_gb;
   p.status = report.status = ProfileStatus::kApplied;
+  // Note [Profiles and quantization]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A profile's identity is its name, the model class and the execution mode, as the seed's page
+  // and library key it; the weights' dtype and quantization are deliberately not part of it, so
+  // a bf16 run and an fp8 run (enable_offload(quantize="fp8")) under one name share one profile.
+  // Their peaks differ (packed weights, dequantized or quantized temporaries), so the saved
+  // recommendation records the weights it was measured with and the report names them; when they
+  // differ from this run's, the budget is still applied (the page says reuse is by name) and a
+  // note says to calibrate again or choose another name.
+  if (!rec.weights.empty()) report.measured_weights = rec.weights;
+  if (!rec.weights.empty() && !weights.empty() && rec.weights != weights) {
+    report.notes.push_back(fmt::format(
+        "the saved budget was measured with weights '{}', this run's are '{}': calibrate this "
+        "name again (build_profile=true) or use another profile name for this quantization",
+        rec.weights, weights));
+  }
 
   double budget = rec.resident_budget_gb;
   report.budget_source = "profile";
@@ -387,6 +408,7 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
     rec.safe_budget_gb = prepared.safe_budget_gb;
   }
   rec.measured_at = utc_now_iso8601();
+  rec.weights = prepared.weights;
 
   ProfileObservation observation;
   observation.recorded_at = rec.measured_at;
@@ -407,6 +429,7 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
   report->headroom_gb = headroom_gb;
   report->profile_measurement_kind = rec.profile_measurement_kind;
   report->measurement = m;
+  if (!prepared.weights.empty()) report->measured_weights = prepared.weights;
   report->notes.push_back(
       fmt::format("measured with a resident budget of {}", format_gib(measured_with_gb)));
   if (rec.probe_pending) {

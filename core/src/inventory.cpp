@@ -287,4 +287,27 @@ Status ModelInventory::from_json(const nlohmann::json& json, ModelInventory* out
   return Status::ok_status();
 }
 
+std::string ModelInventory::weights_summary() const {
+  std::set<std::string> formats;
+  for (const ModuleInfo& m : modules) {
+    for (const TensorInfo& t : m.tensors) {
+      if (m.kind == ModuleKind::kSdnq && t.sdnq_role == SdnqRole::kPackedWeight) {
+        formats.insert("sdnq " + t.dtype);
+      } else if (m.kind != ModuleKind::kSdnq && m.kind != ModuleKind::kOther &&
+                 t.name == "weight") {
+        formats.insert(t.dtype);
+      }
+    }
+  }
+  std::string out;
+  // SDNQ formats first: they say how the model computes.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const std::string& f : formats) {
+      if ((f.rfind("sdnq ", 0) == 0) != (pass == 0)) continue;
+      out += out.empty() ? f : " + " + f;
+    }
+  }
+  return out;
+}
+
 }  // namespace ddo::core

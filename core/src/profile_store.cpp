@@ -765,6 +765,7 @@ json ProfileRecommendation::to_json() const {
   if (!probe_pending && probe_budget_gb) out["probe_budget_gb"] = *probe_budget_gb;
   if (safe_budget_gb) out["safe_budget_gb"] = *safe_budget_gb;
   if (!candidate_compute_ms.empty()) out["candidate_compute_ms"] = candidate_compute_ms;
+  if (!weights.empty()) out["weights"] = weights;
   return with_extra(std::move(out), extra);
 }
 
@@ -838,11 +839,18 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
                          &r.candidate_compute_ms[name]));
     }
   }
-  r.extra = unknown_fields(value, {kLibraryBudgetKey, kLibraryProbeKey, "profile_measurement_kind",
-                                   "peak_vram_gb", "total_vram_gb", "headroom_gb", "measured_at",
-                                   "safe_budget_gb", "probe_budget_gb", "candidate_compute_ms",
-                                   // ddo 0.1.0's own spellings, dropped on rewrite
-                                   "resident_budget_gb", "probe_pending"});
+  if (auto it = value.find("weights"); it != value.end() && !it->is_null()) {
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > 256) {
+      return data_loss("recommendation.weights is not a string of at most 256 bytes");
+    }
+    r.weights = it->get<std::string>();
+  }
+  r.extra =
+      unknown_fields(value, {kLibraryBudgetKey, kLibraryProbeKey, "profile_measurement_kind",
+                             "peak_vram_gb", "total_vram_gb", "headroom_gb", "measured_at",
+                             "safe_budget_gb", "probe_budget_gb", "candidate_compute_ms", "weights",
+                             // ddo 0.1.0's own spellings, dropped on rewrite
+                             "resident_budget_gb", "probe_pending"});
   *out = std::move(r);
   return Status::ok_status();
 }

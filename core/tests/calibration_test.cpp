@@ -252,6 +252,46 @@ TEST_F(CalibrationTest, DensePeakSixGivesOneGib) {
   EXPECT_EQ(next.report.to_json()["status"], "applied");
 }
 
+// Note [Profiles and quantization]: the weights are not part of the identity; the saved budget
+// records what it was measured with and a reuse with other weights says so.
+TEST_F(CalibrationTest, TheSavedBudgetNamesTheWeightsItWasMeasuredWith) {
+  ProfileStore s = store();
+  DynamicOffloadConfig calibrating = config_;
+  calibrating.build_profile = true;
+  PreparedProfile prepared = prepare_profile(calibrating, kClass, s, kCard8, "bfloat16");
+  ProfileReport saved;
+  ASSERT_TRUE(finish_region(prepared, region_peaking_at(6.0), s, &saved).ok());
+  EXPECT_EQ(saved.to_json()["measured_weights"], "bfloat16");
+  std::optional<ProfileRecord> record = s.load({"my-workload", std::string(kClass)});
+  ASSERT_TRUE(record && record->recommendation);
+  EXPECT_EQ(record->recommendation->weights, "bfloat16");
+  EXPECT_EQ(record->to_json()["recommendation"]["weights"], "bfloat16");
+
+  // The same weights: applied, no note.
+  PreparedProfile same = prepare_profile(config_, kClass, s, kCard8, "bfloat16");
+  EXPECT_EQ(same.status, ProfileStatus::kApplied);
+  EXPECT_TRUE(same.report.notes.empty());
+  // Quantized weights under the same name: the same profile, applied, and a note naming both.
+  PreparedProfile fp8 =
+      prepare_profile(config_, kClass, s, kCard8, "sdnq float8_e4m3fn + bfloat16");
+  EXPECT_EQ(fp8.status, ProfileStatus::kApplied);
+  EXPECT_NEAR(*fp8.resident_budget_gb, 1.0, 1e-9);
+  const json j = fp8.report.to_json();
+  EXPECT_EQ(j["weights"], "sdnq float8_e4m3fn + bfloat16");
+  EXPECT_EQ(j["measured_weights"], "bfloat16");
+  ASSERT_EQ(fp8.report.notes.size(), 1u);
+  EXPECT_NE(fp8.report.notes[0].find("calibrate this name again"), std::string::npos)
+      << fp8.report.notes[0];
+  // A recommendation without the field (the library's, or an older ddo's) names nothing.
+  json file = record->to_json();
+  file["recommendation"].erase("weights");
+  ProfileRecord without;
+  ASSERT_TRUE(ProfileRecord::from_json(file, &without).ok());
+  EXPECT_TRUE(without.recommendation->weights.empty());
+  file["recommendation"]["weights"] = 5;
+  EXPECT_EQ(ProfileRecord::from_json(file, &without).code(), Code::kDataLoss);
+}
+
 TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplacesIt) {
   config_.execution_mode = ExecutionMode::kSdnqRuntime;
   ProfileReport baseline = calibrate(4.5);  // safe 2.5 GiB: >= 2 and < ceiling 6

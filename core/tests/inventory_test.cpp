@@ -139,5 +139,34 @@ TEST(InventoryTest, LargestSdnqTemporaryBoundsTheDequantizedWeight) {
   EXPECT_EQ(inv.largest_sdnq_temporary_bytes(10), 2048 * 512 * 10);
 }
 
+TEST(InventoryTest, WeightsSummaryNamesTheStoredFormatsSdnqFirst) {
+  auto module = [](std::string name, ModuleKind kind, std::vector<TensorInfo> tensors) {
+    ModuleInfo m;
+    m.name = std::move(name);
+    m.kind = kind;
+    m.tensors = std::move(tensors);
+    return m;
+  };
+  auto tensor = [](std::string name, std::string dtype, SdnqRole role = SdnqRole::kNone) {
+    TensorInfo t;
+    t.name = std::move(name);
+    t.dtype = std::move(dtype);
+    t.sdnq_role = role;
+    return t;
+  };
+  ModelInventory inv;
+  inv.modules.push_back(module("norm", ModuleKind::kOther, {tensor("weight", "float32")}));
+  inv.modules.push_back(
+      module("a", ModuleKind::kLinear, {tensor("weight", "bfloat16"), tensor("bias", "float32")}));
+  EXPECT_EQ(inv.weights_summary(), "bfloat16");
+  inv.modules.push_back(module("b", ModuleKind::kSdnq,
+                               {tensor("weight", "float8_e4m3fn", SdnqRole::kPackedWeight),
+                                tensor("scale", "float32", SdnqRole::kScale)}));
+  inv.modules.push_back(
+      module("c", ModuleKind::kSdnq, {tensor("weight", "int8", SdnqRole::kPackedWeight)}));
+  EXPECT_EQ(inv.weights_summary(), "sdnq float8_e4m3fn + sdnq int8 + bfloat16");
+  EXPECT_EQ(ModelInventory().weights_summary(), "");
+}
+
 }  // namespace
 }  // namespace ddo::core

@@ -24,6 +24,7 @@ device. The host never holds the model twice. ``loader="library"`` calls the cla
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from . import _C
+from . import sdnq as _sdnq
 from ._progress import SetupProgress
 from .api import (
     OffloadResult,
@@ -314,6 +316,7 @@ def from_pretrained_with_dynamic_offload(
     loader: str = "auto",
     read_workers: Optional[int] = None,
     allow_unexpected_keys: bool = False,
+    quantize: Optional[str] = None,
     **load_kwargs: Any,
 ) -> LoadedModel:
     """Loads a component and, with ``apply_dynamic=True``, attaches offload.
@@ -325,6 +328,9 @@ def from_pretrained_with_dynamic_offload(
     takes "ddo" when the directory holds safetensors files and ``model_loader`` is a diffusers or
     transformers model class, else "library". ``subfolder=`` is joined to the path; other keywords
     go to ``model_loader.from_pretrained`` (and select the library loader under "auto").
+    ``quantize="fp8" | "int8"`` quantizes the dense Linears as ``enable_offload(quantize=)`` does:
+    the weights are read into ordinary memory first (the host holds the dense model until each
+    layer is replaced: one copy, not two), then streamed or pinned packed.
     """
     if model_loader is None:
         model_loader = _default_model_loader()
@@ -350,6 +356,10 @@ def from_pretrained_with_dynamic_offload(
         )
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, not {dtype!r}")
+    if quantize is not None and not isinstance(quantize, str):
+        raise TypeError(f'quantize must be "fp8", "int8" or None, not {quantize!r}')
+    # The package's type name ("" for "none"); a ValueError naming the choices before any read.
+    quantize = quantize if quantize and torch.ops.ddo.sdnq_quantize_type(quantize) else None
     if not apply_dynamic and (profile_name or build_profile):
         raise ValueError(
             "profile_name/build_profile were given with apply_dynamic=False; pass them to the "
@@ -373,6 +383,7 @@ def from_pretrained_with_dynamic_offload(
             record_event=record_event,
             overrides={},
             load=load,
+            quantize=quantize if load is None else None,
         )
 
     module: Optional[nn.Module] = None
@@ -397,7 +408,7 @@ def from_pretrained_with_dynamic_offload(
             )
     if module is None:
         module = _load_with_library(path, model_loader, dtype, load_kwargs)
-        return LoadedModel(module, attach(module) if apply_dynamic else None)
+        return _quantized(module, quantize, attach if apply_dynamic else None)
 
     target = dtype if dtype is not None else _default_dtype(model_loader, path)
     if target is not None:
@@ -414,6 +425,18 @@ def from_pretrained_with_dynamic_offload(
         "read_workers": read_workers or 0,
         "allow_unexpected_keys": allow_unexpected_keys,
     }
+    if quantize is not None:
+        # The dense weights are read first; each Linear is then replaced by its packed layer.
+        progress = SetupProgress(model_class_name(module), record_event)
+        progress.start()
+        try:
+            _C.load_weights(model_class_name(module), _gather(module)[0], load,
+                            record_event=progress)
+        except BaseException:
+            progress.close(failed=True)
+            raise
+        progress.close()
+        return _quantized(module, quantize, attach if apply_dynamic else None)
     if apply_dynamic:
         return LoadedModel(module, attach(module, load))
     # Deferred: the weights go into pinned memory for the execution device these settings name,
@@ -437,6 +460,26 @@ def from_pretrained_with_dynamic_offload(
     progress.close()
     loaded = LoadedModel(module, None)
     loaded.load_report = pins
+    return loaded
+
+
+def _quantized(module: nn.Module, quantize: Optional[str],
+               attach: Optional[Callable[[nn.Module], OffloadResult]]) -> LoadedModel:
+    """The loaded module, quantized when asked: by the attach (enable_offload(quantize=), whose
+    report says which path each layer takes), or here for a deferred load."""
+    if attach is not None:
+        return LoadedModel(module, attach(module))
+    loaded = LoadedModel(module, None)
+    if quantize is not None:
+        kept = _sdnq.quantize_model(module, quantize)
+        loaded.load_report = {
+            "device": "cpu", "pinned": False, "pinned_bytes": 0,
+            "pageable_bytes": sum(t.numel() * t.element_size()
+                                  for t in itertools.chain(module.parameters(), module.buffers())),
+            "reason": f"quantize={quantize!r}: the weights were read and quantized in ordinary "
+                      "memory; enable_offload pins the packed weights",
+            "quantize": quantize, "kept_dense": kept,
+        }
     return loaded
 
 

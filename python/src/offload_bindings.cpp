@@ -347,6 +347,22 @@ void bind_offload(py::module_& m) {
       "The checkpoint's tensors as meta tensors of their stored shapes and dtypes, by name "
       "(headers only, validated as the loader validates them).");
   m.def(
+      "load_weights",
+      [](const std::string& model_class, const py::list& entries, py::dict load,
+         py::object record_event) {
+        adapter::ModuleTree tree = tree_from(model_class, entries);
+        const adapter::LoadOptions load_opts = load_options(load);
+        auto events = std::make_shared<SetupEvents>();
+        events->host_callback = std::move(record_event);
+        const adapter::RecordEvent callback = SetupEvents::callback(events);
+        py::gil_scoped_release release;
+        adapter::load_weights(tree, load_opts, callback);
+      },
+      py::arg("model_class"), py::arg("entries"), py::arg("load"),
+      py::arg("record_event") = py::none(),
+      "Every tensor the files hold into ordinary CPU memory (loader.h load_weights): what a load "
+      "with quantize= reads before it quantizes.");
+  m.def(
       "load_weights_for_offload",
       [](const std::string& model_class, const py::list& entries, py::dict load,
          std::optional<std::string> preset, const core::DynamicOffloadSettings* settings,

@@ -129,6 +129,32 @@ def test_a_profile_calibrated_with_quantize_is_reused(tmp_path, monkeypatch):
     reuse.remove()
 
 
+@torch.no_grad()
+def test_the_profile_names_the_weights_its_budget_was_measured_with(tmp_path, monkeypatch):
+    # Note [Profiles and quantization]: int8 and fp8 runs under one name share the profile
+    # (both sdnq_runtime); the reuse says what the saved budget was measured with.
+    monkeypatch.setenv("DDO_PROFILE_DIR", str(tmp_path))
+    x = torch.randn(1, 64, 256, dtype=torch.bfloat16)
+    reports = {}
+    for quantize, build in (("int8", True), ("int8", False), ("fp8", False)):
+        model = Mlp().to(torch.bfloat16).eval()
+        offload = ddo.enable_offload(model, preset="auto", profile_name="q", build_profile=build,
+                                     quantize=quantize, execution_device="sim", show_profile=False)
+        with offload.profile_run() as report:
+            model(x)
+        offload.remove()
+        reports[(quantize, build)] = report
+    saved = reports[("int8", True)]
+    assert saved["status"] == "saved" and saved["measured_weights"] == "sdnq int8 + bfloat16"
+    same = reports[("int8", False)]
+    assert same["status"] == "applied" and not any("calibrate this" in n for n in same.get("notes", []))
+    other = reports[("fp8", False)]
+    assert other["status"] == "applied", other
+    assert other["weights"] == "sdnq float8_e4m3fn + bfloat16"
+    assert other["measured_weights"] == "sdnq int8 + bfloat16"
+    assert any("calibrate this name again" in n for n in other["notes"]), other
+
+
 def test_off_switch_takes_the_dequantize_path_bit_for_bit(tmp_path):
     script = tmp_path / "off.py"
     script.write_text(textwrap.dedent("""
@@ -148,3 +174,45 @@ def test_off_switch_takes_the_dequantize_path_bit_for_bit(tmp_path):
                              text=True, check=True)
         outs[mode] = run.stdout.strip().splitlines()[-1]
     assert outs == {"off": "equal", "auto": "differs"}
+
+
+@pytest.mark.parametrize("apply_dynamic", [True, False])
+@torch.no_grad()
+def test_the_loader_quantizes_a_bf16_checkpoint(tmp_path, apply_dynamic):
+    # from_pretrained_with_dynamic_offload(quantize=) reads the dense weights, then replaces each
+    # qualifying Linear as enable_offload(quantize=) does; no sdnq package involved.
+    diffusers = pytest.importorskip("diffusers")
+    from helpers import tiny_flux_inputs
+
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=64,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=[16, 16, 32],
+    ).to(torch.bfloat16).eval()
+    model.save_pretrained(tmp_path)
+    inputs = tiny_flux_inputs(0, torch.bfloat16)
+    reference = model(**inputs).sample
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        tmp_path, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=apply_dynamic,
+        dynamic_offload_config=dict(STREAM, execution_mode="sdnq_runtime") if apply_dynamic else None,
+        quantize="fp8",
+        dtype=torch.bfloat16,
+    )
+    module = loaded.module
+    quantized = [n for n, m in module.named_modules() if isinstance(m, ddo.sdnq.QuantizedLinear)]
+    assert "transformer_blocks.0.ff.net.2" in quantized, quantized
+    assert type(module.context_embedder) is torch.nn.Linear  # 32 x 128: under 16384 weights
+    if apply_dynamic:
+        report = loaded.report()["quantized_compute"]
+        assert report["quantize"] == "fp8"
+        assert sum(report["counts"].values()) == len(quantized), report
+        assert "context_embedder" in report["kept_dense"]
+        offload = loaded.offload
+    else:
+        assert loaded.load_report["quantize"] == "fp8"
+        assert "context_embedder" in loaded.load_report["kept_dense"]
+        offload = ddo.enable_offload(module, **STREAM)
+    assert any(ddo._C.is_managed(p) for p in module.parameters())
+    out = module(**inputs).sample
+    assert rel_l2(out, reference) < 0.1, rel_l2(out, reference)
+    offload.remove()

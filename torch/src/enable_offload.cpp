@@ -200,7 +200,8 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
     core::DeviceFacts facts;
     facts.is_cuda_like = s->device_name != "cpu";
     facts.total_vram_bytes = total_vram;
-    s->prepared = core::prepare_profile(config, s->model_class, *s->store, facts);
+    s->prepared = core::prepare_profile(config, s->model_class, *s->store, facts,
+                                        s->inventory.weights_summary());
     internal::warn_if_the_preset_disables_the_profile(config, budget_origin, &s->prepared);
     s->profile_report = s->prepared.report.to_json();
   }

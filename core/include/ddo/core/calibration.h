@@ -155,6 +155,10 @@ struct ProfileReport {
   std::optional<std::string> profile_measurement_kind;  ///< what the saved recommendation came
                                                         ///< from, e.g. "baseline" or "sdnq_probe"
   std::optional<Measurement> measurement;               ///< the region's figures, when it measured
+  /// This run's weights (ModelInventory::weights_summary), and those the saved recommendation was
+  /// measured with when it says (Note [Profiles and quantization] in calibration.cpp).
+  std::optional<std::string> weights;
+  std::optional<std::string> measured_weights;
   std::vector<std::string> notes;    ///< why: manual override, cap, pending probe, failure
   std::optional<std::string> error;  ///< why saving failed
 
@@ -180,14 +184,18 @@ struct PreparedProfile {
   /// The saved profile's measured compute per candidate, when its recommendation is applied
   /// (PlanContext::candidate_compute_ms).
   std::map<std::string, double> candidate_compute_ms;
+  std::string weights;   ///< this run's ModelInventory::weights_summary(), saved with the result
   ProfileReport report;  ///< the report as prepared; finish_region() completes it
 };
 
 /// Checks the config and decides the lifecycle. Throws ddo::Error: kInvalidArgument for a bad
 /// name, class or headroom; kFailedPrecondition when calibration is asked on a non-CUDA device, in
 /// plan mode, or through a route other than dynamic. Never throws for stored file content.
+/// `weights`: the model's ModelInventory::weights_summary(), recorded with what a region saves and
+/// compared with what a reused recommendation was measured with ("" when unknown).
 PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_view model_class,
-                                const ProfileStore& store, const DeviceFacts& device);
+                                const ProfileStore& store, const DeviceFacts& device,
+                                std::string_view weights = {});
 
 /// How the host's region ended.
 struct RegionResult {

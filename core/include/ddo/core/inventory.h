@@ -102,6 +102,11 @@ struct ModelInventory {
   /// result dtype; the reference path holds float32 intermediates too). Note [Dequantized
   /// temporaries] in inventory.cpp; 0 for a model without SDNQ layers.
   std::int64_t largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const;
+  /// How the weights of the ops ddo intercepts are stored, for a profile to say what it was
+  /// measured with: the sorted, distinct dtypes of the Linear, Conv and Embedding weights and of
+  /// the SDNQ layers' packed weights, those prefixed "sdnq "; joined by " + ". "bfloat16" for a
+  /// bf16 model, "sdnq float8_e4m3fn + bfloat16" for one quantized to fp8 with layers kept dense.
+  std::string weights_summary() const;
   /// Linear scan; the planner builds its own index once.
   const ModuleInfo* find_module(std::string_view name) const;
   /// The same as an index into `modules`.

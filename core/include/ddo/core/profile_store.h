@@ -289,6 +289,9 @@ struct ProfileRecommendation {
   /// residents so that streamed bytes follow compute along the step (Note [Balanced order] in
   /// planner.cpp). Empty when not measured (older profiles, devices without timing).
   std::map<std::string, double> candidate_compute_ms;
+  /// The weights it was measured with (ModelInventory::weights_summary: "bfloat16",
+  /// "sdnq float8_e4m3fn + bfloat16"); "" when not recorded (the library's files, older ones).
+  std::string weights;
   /// Fields of the file ddo does not know (another writer's), written back unchanged.
   nlohmann::json extra = nlohmann::json::object();
 
