@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""A whole generation from a pipeline folder on disk: encode, denoise, decode, written out.
+
+Each component is read from its folder by ddo's loader, used for its stage and released before
+the next one is loaded, so the card and the host hold one stage at a time:
+
+    1. encode   the text encoders (FLUX: CLIP-L and T5-XXL; Wan: UMT5-XXL), streamed, released
+    2. denoise  the transformer, under a named profile (--profile-name, --calibrate), released
+    3. decode   the VAE (tiled when the card is small), released; the image (PNG) or the frames
+                (animated WebP, or PNGs in a folder) are written
+
+    # a folder of random weights written from the configs (token ids instead of a tokenizer)
+    python examples/python/generate.py --family flux --random /tmp/flux-tiny --size tiny \\
+        --device sim --stream-all --output /tmp/flux.png
+    python examples/python/generate.py --family wan --random /tmp/wan-tiny --size tiny \\
+        --device sim --stream-all --frames 5 --output /tmp/wan.webp
+    # a real pipeline folder (tokenizers from the folder), an 8 GiB card, 32 GiB of host RAM
+    python examples/python/generate.py --model /models/FLUX.1-dev --vram-cap 8 --host-ram-cap 32 \\
+        --prompt "a lighthouse at dusk" --output flux.png
+
+--random DIR writes DIR once (``--size tiny`` for a CPU, ``full`` for FLUX.1-dev / Wan 2.1-14B
+shapes) and reuses it afterwards. --no-ddo runs the same stages all resident on the device, the
+reference the outputs are compared with. --report FILE writes the generation's report (seconds,
+bytes read from disk and streamed, peak VRAM and RSS per stage) as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import diffusers
+import numpy as np
+import torch
+import transformers
+
+import ddo
+
+# --- the two families ------------------------------------------------------------------------
+
+
+def _random_flux(size: str) -> diffusers.FluxPipeline:
+    if size == "tiny":
+        clip = transformers.CLIPTextConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, max_position_embeddings=77, bos_token_id=0, eos_token_id=1,
+            pad_token_id=1)
+        t5 = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                   num_heads=4)
+        transformer = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                           attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
+                           pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+        vae = dict(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16),
+                   down_block_types=("DownEncoderBlock2D",) * 2,
+                   up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4, sample_size=32,
+                   scaling_factor=1.5, shift_factor=0.1)
+    else:  # FLUX.1-dev's shapes
+        clip = transformers.CLIPTextConfig(
+            vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+            num_attention_heads=12, max_position_embeddings=77, projection_dim=768)
+        t5 = transformers.T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240,
+                                   num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")
+        transformer = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38,
+                           attention_head_dim=128, num_attention_heads=24,
+                           joint_attention_dim=4096, pooled_projection_dim=768,
+                           guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+        vae = dict(in_channels=3, out_channels=3, latent_channels=16,
+                   block_out_channels=(128, 256, 512, 512),
+                   down_block_types=("DownEncoderBlock2D",) * 4,
+                   up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
+                   sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159,
+                   use_quant_conv=False, use_post_quant_conv=False)
+    return diffusers.FluxPipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        vae=diffusers.AutoencoderKL(**vae), text_encoder=transformers.CLIPTextModel(clip),
+        tokenizer=None, text_encoder_2=transformers.T5EncoderModel(t5), tokenizer_2=None,
+        transformer=diffusers.FluxTransformer2DModel(**transformer))
+
+
+def _random_wan(size: str) -> diffusers.WanPipeline:
+    if size == "tiny":
+        umt5 = transformers.UMT5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                       num_heads=4, relative_attention_num_buckets=8)
+        transformer = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+                           in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
+                           num_layers=2, rope_max_seq_len=32)
+        vae = dict(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, attn_scales=[],
+                   temperal_downsample=[True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+    else:  # Wan 2.1-14B's shapes
+        umt5 = transformers.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240,
+                                       num_layers=24, num_heads=64,
+                                       feed_forward_proj="gated-gelu")
+        transformer = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
+                           in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
+                           ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+                           qk_norm="rms_norm_across_heads", eps=1e-6)
+        vae = {}
+    return diffusers.WanPipeline(
+        tokenizer=None, text_encoder=transformers.UMT5EncoderModel(umt5),
+        vae=diffusers.AutoencoderKLWan(**vae), transformer=diffusers.WanTransformer3DModel(
+            **transformer), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0))
+
+
+FAMILIES = {
+    # family: (pipeline class, random pipeline, text encoders (folder, class), transformer, VAE)
+    "flux": (diffusers.FluxPipeline, _random_flux,
+             [("text_encoder", transformers.CLIPTextModel),
+              ("text_encoder_2", transformers.T5EncoderModel)],
+             diffusers.FluxTransformer2DModel, diffusers.AutoencoderKL),
+    "wan": (diffusers.WanPipeline, _random_wan, [("text_encoder", transformers.UMT5EncoderModel)],
+            diffusers.WanTransformer3DModel, diffusers.AutoencoderKLWan),
+}
+
+
+def write_random_folder(family: str, size: str, folder: str, dtype: torch.dtype) -> None:
+    """A pipeline folder of random weights (no tokenizers), written once."""
+    if os.path.exists(os.path.join(folder, "model_index.json")):
+        return
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # full size: built in bf16, never in float32
+    try:
+        pipe = FAMILIES[family][1](size)
+    finally:
+        torch.set_default_dtype(previous)
+    pipe.save_pretrained(folder, max_shard_size="2GB" if size == "full" else "200KB")
+    del pipe
+    gc.collect()
+
+
+def family_of(folder: str) -> str:
+    with open(os.path.join(folder, "model_index.json")) as f:
+        name = json.load(f)["_class_name"]
+    for family, entry in FAMILIES.items():
+        if entry[0].__name__ == name:
+            return family
+    raise SystemExit(f"{folder}: a {name}; generate.py runs FluxPipeline and WanPipeline folders")
+
+
+# --- stages ----------------------------------------------------------------------------------
+
+
+class Stages:
+    """Loads one component at a time (ddo's loader, or all resident with --no-ddo) and keeps the
+    report of each stage."""
+
+    def __init__(self, args: argparse.Namespace, folder: str) -> None:
+        self.args = args
+        self.folder = folder
+        self.cuda = args.device == "cuda"
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        self.report: dict[str, Any] = {"stages": {}}
+
+    def load(self, sub: str, cls: Any, **ddo_options: Any) -> tuple[Any, Any]:
+        path = os.path.join(self.folder, sub)
+        if self.args.no_ddo:
+            module = cls.from_pretrained(path, torch_dtype=self.args.dtype).to(self.device).eval()
+            return module, None
+        loaded = ddo.from_pretrained_with_dynamic_offload(
+            path, model_loader=cls, apply_dynamic=True, dtype=self.args.dtype,
+            execution_device="sim" if self.args.device == "sim" else None, **ddo_options)
+        return loaded.module.eval(), loaded.offload
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        entry: dict[str, Any] = {"read_bytes": 0, "disk_bytes_read": 0, "streamed_bytes": 0}
+        offloads: list[Any] = []
+        start = time.perf_counter()
+        print(f"[{name}] ...", file=sys.stderr, flush=True)
+        yield offloads
+        if self.cuda:
+            torch.cuda.synchronize()
+        entry["seconds"] = time.perf_counter() - start
+        for offload in offloads:
+            if offload is None:
+                continue
+            r = offload.report()
+            entry["read_bytes"] += r["setup"].get("load", {}).get("bytes", 0)
+            entry["disk_bytes_read"] += r.get("run", {}).get("disk_bytes_read", 0)
+            entry["streamed_bytes"] += r.get("run", {}).get("bytes_streamed", 0)
+            offload.remove()
+        offloads.clear()
+        gc.collect()
+        if self.cuda:
+            entry["peak_vram_gb"] = torch.cuda.max_memory_reserved() / 2**30
+            torch.cuda.empty_cache()
+        entry["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        self.report["stages"][name] = entry
+        print(f"[{name}] {entry['seconds']:.2f} s, read {_size(entry['read_bytes'])}, streamed "
+              f"{_size(entry['streamed_bytes'])}", file=sys.stderr, flush=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def token_ids(folder: str, sub: str, prompt: str, length: int, vocab: int) -> torch.Tensor:
+    """The prompt's ids through the folder's tokenizer; random ids where it has none."""
+    path = os.path.join(folder, sub)
+    if os.path.isdir(path):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        return tokenizer(prompt, padding="max_length", max_length=length, truncation=True,
+                         return_tensors="pt").input_ids
+    return torch.randint(2, vocab, (1, length), generator=torch.Generator().manual_seed(0))
+
+
+def encode(st: Stages, family: str, prompt: str) -> dict[str, torch.Tensor]:
+    """Stage 1: the pipeline's prompt embeddings, each encoder loaded, run and released."""
+    out: dict[str, torch.Tensor] = {}
+    tiny = st.args.size == "tiny"
+    with st.stage("encode") as offloads:
+        for sub, cls in FAMILIES[family][2]:
+            encoder, offload = st.load(sub, cls)
+            offloads.append(offload)
+            vocab = encoder.config.vocab_size
+            if sub == "text_encoder" and family == "flux":  # CLIP-L: pooled
+                ids = token_ids(st.folder, "tokenizer", prompt, 77, vocab).to(st.device)
+                out["pooled_prompt_embeds"] = encoder(ids).pooler_output
+            else:  # T5-XXL / UMT5-XXL: the sequence
+                tok = "tokenizer_2" if family == "flux" else "tokenizer"
+                ids = token_ids(st.folder, tok, prompt, 32 if tiny else 512, vocab).to(st.device)
+                out["prompt_embeds"] = encoder(ids).last_hidden_state
+                if family == "wan":
+                    neg = token_ids(st.folder, tok, "", 32 if tiny else 512, vocab).to(st.device)
+                    out["negative_prompt_embeds"] = encoder(neg).last_hidden_state
+            del encoder
+    return out
+
+
+def _compute_on(pipe: Any, device: torch.device) -> None:
+    """diffusers makes latents where the components' first parameters live; streamed weights
+    stay host tensors, so the pipeline is told where it computes."""
+    cls = type(pipe)
+    pipe.__class__ = type(cls.__name__, (cls,), {"_execution_device": property(lambda s: device)})
+
+
+def denoise(st: Stages, family: str, embeds: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Stage 2: the steps, the transformer under the named profile; returns packed latents."""
+    args = st.args
+    pipe_cls, _, _, transformer_cls, vae_cls = FAMILIES[family]
+    vae_config = vae_cls.load_config(os.path.join(st.folder, "vae"))
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(
+        os.path.join(st.folder, "scheduler"))
+    with st.stage("denoise") as offloads:
+        options = {}
+        if not args.no_ddo and args.profile_name:
+            options = dict(profile_name=args.profile_name, build_profile=args.calibrate)
+        if args.quantize and not args.no_ddo:
+            options["quantize"] = args.quantize
+        transformer, offload = st.load("transformer", transformer_cls, **options)
+        offloads.append(offload)
+        generator = torch.Generator().manual_seed(args.seed)
+        measured = offload is not None and args.profile_name
+        run = offload.profile_run() if measured else contextlib.nullcontext()
+        if family == "flux":
+            pipe = pipe_cls(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
+                            text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+            pipe.vae_scale_factor = 2 ** (len(vae_config["block_out_channels"]) - 1)
+            pipe.image_processor = diffusers.image_processor.VaeImageProcessor(
+                vae_scale_factor=pipe.vae_scale_factor * 2)
+        else:
+            pipe = pipe_cls(tokenizer=None, text_encoder=None, vae=None, transformer=transformer,
+                            scheduler=scheduler)
+            downsample = vae_config["temperal_downsample"]
+            pipe.vae_scale_factor_temporal = vae_config.get("scale_factor_temporal",
+                                                            2 ** sum(downsample))
+            pipe.vae_scale_factor_spatial = vae_config.get("scale_factor_spatial",
+                                                           2 ** len(downsample))
+        pipe.set_progress_bar_config(disable=not sys.stderr.isatty())
+        _compute_on(pipe, st.device)
+        call = dict(height=args.height, width=args.width, num_inference_steps=args.steps,
+                    generator=generator, output_type="latent", **embeds)
+        if family == "wan":
+            call["num_frames"] = args.frames
+        with run as profile:
+            result = pipe(**call)
+        if measured:
+            st.report["profile"] = dict(profile)
+        latents = result.images if family == "flux" else result.frames
+        del pipe, transformer
+    st.report["denoise_seconds_per_step"] = st.report["stages"]["denoise"]["seconds"] / args.steps
+    return latents
+
+
+def decode(st: Stages, family: str, latents: torch.Tensor) -> np.ndarray:
+    """Stage 3: the VAE; returns the images or frames as uint8 [n, h, w, 3]."""
+    args = st.args
+    vae_cls = FAMILIES[family][4]
+    with st.stage("decode") as offloads:
+        vae, offload = st.load("vae", vae_cls)
+        offloads.append(offload)
+        if args.vae_tiling == "on" or (args.vae_tiling == "auto" and st.cuda and
+                                       (args.vram_cap or 24) <= 16):
+            vae.enable_tiling()
+        if family == "flux":
+            factor = 2 ** (len(vae.config.block_out_channels) - 1)
+            z = diffusers.FluxPipeline._unpack_latents(latents, args.height, args.width, factor)
+            z = z / vae.config.scaling_factor + vae.config.shift_factor
+            pixels = vae.decode(z.to(vae.dtype), return_dict=False)[0]  # [1, 3, h, w]
+        else:
+            mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+            std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+            z = latents.to(vae.dtype) * std.to(latents) + mean.to(latents)
+            pixels = vae.decode(z, return_dict=False)[0][0].transpose(0, 1)  # [f, 3, h, w]
+        del vae
+    images = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return images.permute(0, 2, 3, 1).cpu().numpy()
+
+
+def write(images: np.ndarray, output: str, fps: int) -> None:
+    from PIL import Image
+
+    frames = [Image.fromarray(a) for a in images]
+    if output.endswith(("/", os.sep)) or os.path.isdir(output):
+        os.makedirs(output, exist_ok=True)
+        for i, frame in enumerate(frames):
+            frame.save(os.path.join(output, f"{i:04d}.png"))
+    elif len(frames) == 1:
+        frames[0].save(output)
+    else:  # animated WebP
+        frames[0].save(output, save_all=True, append_images=frames[1:],
+                       duration=max(1, 1000 // fps), loop=0, lossless=True)
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def parse(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a FluxPipeline or WanPipeline folder")
+    source.add_argument("--random", metavar="DIR", help="write (once) and use a random folder")
+    p.add_argument("--family", choices=sorted(FAMILIES), help="with --random (default flux)")
+    p.add_argument("--size", choices=("tiny", "full"), default="tiny", help="with --random")
+    p.add_argument("--device", choices=("cuda", "sim"),
+                   default="cuda" if torch.cuda.is_available() else "sim")
+    p.add_argument("--prompt", default="a lighthouse on a cliff at dusk")
+    p.add_argument("--height", type=int)
+    p.add_argument("--width", type=int)
+    p.add_argument("--frames", type=int, default=21, help="Wan: frames (4k + 1)")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vram-cap", type=float, help="GiB of the card ddo may use (vram_cap_gb)")
+    p.add_argument("--host-ram-cap", type=float,
+                   help="GiB of host RAM for weights (host_ram_cap_gb); the rest stays on disk")
+    p.add_argument("--quantize", choices=("fp8", "int8"), help="the transformer's Linears")
+    p.add_argument("--profile-name", help="the denoise stage's named profile")
+    p.add_argument("--calibrate", action="store_true", help="measure and save that profile")
+    p.add_argument("--stream-all", action="store_true",
+                   help="stream every weight (tiny models: the presets keep small ones resident)")
+    p.add_argument("--vae-tiling", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--no-ddo", action="store_true", help="all resident, the reference")
+    p.add_argument("--dtype", default=None, help="bfloat16 (cuda) or float32 (sim)")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--output", help="a .png, a .webp (frames) or a folder (PNGs)")
+    p.add_argument("--report", help="write the generation's report (JSON) here")
+    args = p.parse_args(argv)
+    args.dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    return args
+
+
+def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Runs one generation; returns the images (uint8 [n, h, w, 3]) and the report."""
+    args = parse(argv)
+    folder = args.model or args.random
+    if args.random:
+        write_random_folder(args.family or "flux", args.size, folder, args.dtype)
+    family = family_of(folder)
+    tiny = args.size == "tiny" and args.random
+    default_size = (32 if tiny else 1024) if family == "flux" else (32 if tiny else 480)
+    args.height = args.height or default_size
+    args.width = args.width or (default_size if family == "flux" else (32 if tiny else 832))
+    args.steps = args.steps or (2 if tiny else 28 if family == "flux" else 20)
+    env = {"DDO_VRAM_CAP_GB": args.vram_cap, "DDO_HOST_RAM_CAP_GB": args.host_ram_cap}
+    if args.stream_all:
+        env.update(DDO_SMALL_TENSOR_THRESHOLD_KB=0, DDO_AUTO_BUDGET_POLICY="off",
+                   DDO_RESIDENT_MODULE_BUDGET_GB=0, DDO_ALWAYS_RESIDENT_MODULE_PATTERNS="")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items() if v is not None})
+    try:
+        st = Stages(args, folder)
+        start = time.perf_counter()
+        with torch.no_grad():
+            embeds = encode(st, family, args.prompt)
+            latents = denoise(st, family, embeds)
+            images = decode(st, family, latents)
+        st.report["seconds"] = time.perf_counter() - start
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    st.report.update(family=family, folder=folder, device=args.device, ddo=not args.no_ddo,
+                     height=args.height, width=args.width, steps=args.steps,
+                     frames=len(images), vram_cap_gb=args.vram_cap,
+                     host_ram_cap_gb=args.host_ram_cap, quantize=args.quantize)
+    if args.output:
+        write(images, args.output, args.fps)
+        st.report["output"] = args.output
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(st.report, f, indent=1, default=str)
+    print(json.dumps({k: v for k, v in st.report.items() if k != "stages"}, default=str))
+    return images, st.report
+
+
+if __name__ == "__main__":
+    generate()
