@@ -153,6 +153,7 @@ json ProfileReport::to_json() const {
   if (measurement) out["measurement"] = measurement->to_json();
   if (weights) out["weights"] = *weights;
   if (measured_weights) out["measured_weights"] = *measured_weights;
+  if (run_peak_vram_gb) out["run_peak_vram_gb"] = *run_peak_vram_gb;
   if (!notes.empty()) out["notes"] = notes;
   if (error) out["error"] = *error;
   return out;
@@ -296,6 +297,8 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   report.profile_measurement_kind = rec.profile_measurement_kind;
   report.peak_vram_gb = rec.peak_vram_gb;
   p.status = report.status = ProfileStatus::kApplied;
+  p.check_peak = device.is_cuda_like && device.total_vram_bytes > 0 &&
+                 config.execution_mode != ExecutionMode::kPlan;
   // Note [Profiles and quantization]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // A profile's identity is its name, the model class and the execution mode, as the seed's page
@@ -377,6 +380,61 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   }
   p.resident_budget_gb = report.resident_budget_gb = budget;
   return p;
+}
+
+// Note [A reused profile is checked]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The seed's page: "Do not infer video capacity from an image profile". A name stands for one
+// workload, but nothing stops a host from reusing an image profile for a 33-frame video: the
+// saved budget leaves room for the image's activations, and the video's outgrow it. So a region
+// that applies a saved recommendation is measured like a calibration (the same probe and peak
+// rule, nothing saved) and its peak is compared with the card, or the emulated cap, the profile
+// was made for. Above it the run fails with an error that says to calibrate this workload under
+// its own name: on a card of that size it would have run out of memory (on the real card it
+// usually does, first). Within the card but inside the headroom is a note: the workload grew,
+// and the headroom absorbed it. The bound is the card and not card - headroom because a reuse of
+// the same workload is expected to end near card - headroom (that is what the budget is for),
+// and timing noise must not fail it.
+namespace {
+// Why a reused profile does not hold: `what` says how the run showed it.
+Status outgrown(const PreparedProfile& prepared, const std::string& what) {
+  return Status(
+      Code::kResourceExhausted,
+      fmt::format("profile '{}' was measured on a smaller workload: {} (the {} card it "
+                  "was made for; its saved peak was {}). Calibrate this workload under "
+                  "its own name (profile_name=\"{}-...\", build_profile=True): an "
+                  "image profile does not hold for a longer video",
+                  prepared.report.name, what, format_gib(prepared.total_vram_gb),
+                  format_gib(prepared.report.peak_vram_gb.value_or(0.0)), prepared.report.name));
+}
+}  // namespace
+
+Status check_reused_peak(const PreparedProfile& prepared, const RegionResult& result,
+                         ProfileReport* report) {
+  *report = prepared.report;
+  if (!prepared.check_peak || !result.exited_normally) return Status::ok_status();
+  const double peak_gb = bytes_to_gib(measure_peak(result.inputs).peak_bytes);
+  const double total_gb = prepared.total_vram_gb;
+  report->run_peak_vram_gb = peak_gb;
+  if (peak_gb > total_gb) {
+    report->status = ProfileStatus::kFailed;
+    return outgrown(prepared, fmt::format("this run peaked at {}, above the card; a card of that "
+                                          "size runs out of memory here",
+                                          format_gib(peak_gb)));
+  }
+  if (peak_gb > total_gb - prepared.headroom_gb) {
+    report->notes.push_back(fmt::format(
+        "this run peaked at {}, inside the {} headroom of the {} card: the workload may be "
+        "larger than the one profile '{}' was measured on",
+        format_gib(peak_gb), format_gib(prepared.headroom_gb), format_gib(total_gb),
+        prepared.report.name));
+  }
+  return Status::ok_status();
+}
+
+Status reused_profile_out_of_memory(const PreparedProfile& prepared) {
+  if (!prepared.check_peak) return Status::ok_status();
+  return outgrown(prepared, "the device ran out of memory inside its profile_run() region");
 }
 
 Status finish_region(const PreparedProfile& prepared, const RegionResult& result,

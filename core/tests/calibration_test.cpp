@@ -252,6 +252,50 @@ TEST_F(CalibrationTest, DensePeakSixGivesOneGib) {
   EXPECT_EQ(next.report.to_json()["status"], "applied");
 }
 
+// Note [A reused profile is checked]: a reuse region is measured, nothing is saved, and a peak
+// above the card fails naming the profile and what to do.
+TEST_F(CalibrationTest, AReusedProfileThatOutgrewItsCardFails) {
+  calibrate(6.0);  // 1 GiB recommended on the 8 GiB card with 1 GiB headroom
+  ProfileStore s = store();
+  const std::string before = [&] {
+    std::ifstream in(prepare_profile(config_, kClass, s, kCard8).record_path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  PreparedProfile reuse = prepare_profile(config_, kClass, s, kCard8);
+  ASSERT_EQ(reuse.status, ProfileStatus::kApplied);
+  ASSERT_TRUE(reuse.check_peak);
+  EXPECT_EQ(reuse.region, RegionAction::kNone);
+  ProfileReport report;
+  // The same workload ends near card - headroom: no note, no error.
+  EXPECT_TRUE(check_reused_peak(reuse, region_peaking_at(6.9), &report).ok());
+  EXPECT_NEAR(*report.run_peak_vram_gb, 6.9, 1e-9);
+  EXPECT_TRUE(report.notes.empty());
+  // Inside the headroom: a note.
+  EXPECT_TRUE(check_reused_peak(reuse, region_peaking_at(7.5), &report).ok());
+  ASSERT_EQ(report.notes.size(), 1u);
+  EXPECT_NE(report.notes[0].find("headroom"), std::string::npos) << report.notes[0];
+  // Above the card: the error says to calibrate this workload, and the report says failed.
+  const Status outgrown = check_reused_peak(reuse, region_peaking_at(9.0), &report);
+  EXPECT_EQ(outgrown.code(), Code::kResourceExhausted);
+  EXPECT_NE(outgrown.message().find("this run peaked at 9.00 GiB"), std::string::npos)
+      << outgrown.message();
+  EXPECT_NE(outgrown.message().find("Calibrate this workload under its own name"),
+            std::string::npos);
+  EXPECT_EQ(report.to_json()["status"], "failed");
+  // An aborted region is not judged; out of memory inside it gives the same advice.
+  RegionResult aborted = region_peaking_at(9.0);
+  aborted.exited_normally = false;
+  EXPECT_TRUE(check_reused_peak(reuse, aborted, &report).ok());
+  EXPECT_EQ(reused_profile_out_of_memory(reuse).code(), Code::kResourceExhausted);
+  // Calibration regions are not reuse regions.
+  DynamicOffloadConfig calibrating = config_;
+  calibrating.build_profile = true;
+  EXPECT_TRUE(reused_profile_out_of_memory(prepare_profile(calibrating, kClass, s, kCard8)).ok());
+  // Nothing was written by any of it.
+  std::ifstream in(reuse.record_path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before);
+}
+
 // Note [Profiles and quantization]: the weights are not part of the identity; the saved budget
 // records what it was measured with and a reuse with other weights says so.
 TEST_F(CalibrationTest, TheSavedBudgetNamesTheWeightsItWasMeasuredWith) {

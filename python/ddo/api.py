@@ -87,16 +87,21 @@ class ProfileRunContext:
         run, self._run = self._run, None
         if run is None:
             return False
+        out_of_memory = isinstance(exc, torch.OutOfMemoryError)
         if exc_type is None:
             final = run.finish()  # raises when saving fails; the report then says "failed"
         else:
             try:
-                final = run.abort()  # nothing saved: the stored profile stays byte for byte
+                # Nothing saved: the stored profile stays byte for byte.
+                final = run.abort_out_of_memory() if out_of_memory else run.abort()
             except Exception as abort_error:  # never mask the host's exception
                 warnings.warn(f"ddo: ending the aborted profile region failed: {abort_error}")
                 final = run.report()
         self.report.clear()
         self.report.update(final)
+        if out_of_memory and "error" in final:
+            # A reused profile that the workload outgrew (Note [A reused profile is checked]).
+            raise torch.OutOfMemoryError(final["error"]) from exc
         return False
 
 

@@ -257,6 +257,18 @@ void bind_offload(py::module_& m) {
             return from_json(report);
           },
           "Ends the region without saving; the stored profile is untouched.")
+      .def(
+          "abort_out_of_memory",
+          [](adapter::ProfileRun& run) {
+            json report;
+            {
+              py::gil_scoped_release release;
+              report = run.abort_out_of_memory();
+            }
+            return from_json(report);
+          },
+          "abort() after the device ran out of memory inside the region; a reused profile's "
+          "report then has an 'error' saying to calibrate this workload.")
       .def("report", [](const adapter::ProfileRun& run) { return from_json(run.report()); })
       .def_property_readonly("active", &adapter::ProfileRun::active);
 

@@ -64,3 +64,19 @@ def test_a_host_ram_cap_reads_the_denoiser_from_disk_with_the_same_image(tmp_pat
     images, report = gen.generate(common + ["--stream-all", "--host-ram-cap", "0.0003"])
     assert report["stages"]["denoise"]["disk_bytes_read"] > 0, report["stages"]
     assert np.abs(images.astype(int) - reference.astype(int)).max() <= 1
+
+
+def test_video_profiles_are_calibrated_and_reused_under_their_own_names(tmp_path):
+    # The seed's example names on Wan: "video-5s" (21 frames) and "video-8s" (33 frames), each
+    # calibrated once and reused by its next generation within the card it was made for.
+    gen = generate_module()
+    common = ["--family", "wan", "--random", str(tmp_path / "wan"), "--size", "tiny",
+              "--device", "sim", "--stream-all", "--vram-cap", "0.01"]
+    for name, frames in (("video-5s", "21"), ("video-8s", "33")):
+        _, saved = gen.generate(common + ["--frames", frames, "--profile-name", name,
+                                          "--calibrate"])
+        assert saved["profile"]["status"] == "saved", saved["profile"]
+        _, reused = gen.generate(common + ["--frames", frames, "--profile-name", name])
+        profile = reused["profile"]
+        assert profile["status"] == "applied" and profile["name"] == name, profile
+        assert 0 < profile["run_peak_vram_gb"] <= 0.01, profile

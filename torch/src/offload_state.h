@@ -135,8 +135,9 @@ struct RegionState {
 
 // Opens a region on `offload` (profile_run.cpp).
 std::unique_ptr<RegionState> open_region(OffloadState& offload);
-// Ends it; `normally` false aborts (nothing saved). Returns the report.
-nlohmann::json close_region(RegionState& region, bool normally);
+// Ends it; `normally` false aborts (nothing saved); `out_of_memory`: the device ran out of
+// memory inside it (ProfileRun::abort_out_of_memory). Returns the report.
+nlohmann::json close_region(RegionState& region, bool normally, bool out_of_memory = false);
 
 // The settings an attach with `options` runs under: preset, environment, config and overrides
 // resolved (DynamicOffloadSettings::from_env), then the options' own fields; validated.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include "ddo/core/calibration.h"
@@ -36,7 +37,13 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
   auto region = std::make_unique<RegionState>();
   region->offload = &offload;
   const core::RegionAction action = offload.prepared.region;
-  if (action != core::RegionAction::kNone) {
+  if (action == core::RegionAction::kNone && offload.prepared.check_peak && offload.executing &&
+      offload.probe != nullptr && offload.active) {
+    // Note [A reused profile is checked]: measured, not saved; no cross-process lock.
+    if (offload.runtime) offload.runtime->release_held();
+    throw_if_error(offload.probe->start_sampling());
+    region->measuring = true;
+  } else if (action != core::RegionAction::kNone) {
     DDO_CHECK(offload.executing && offload.probe != nullptr, Code::kFailedPrecondition, "profile '",
               offload.prepared.report.name,
               "' needs a measured run, but this offload does not execute (plan mode or "
@@ -61,7 +68,7 @@ namespace {
 void print_profile_line(const nlohmann::json& report) {
   std::string line = "ddo profile:";
   for (const char* key : {"name", "status", "resident_budget_gb", "budget_source",
-                          "recommended_budget_gb", "peak_vram_gb", "error"}) {
+                          "recommended_budget_gb", "peak_vram_gb", "run_peak_vram_gb", "error"}) {
     if (!report.contains(key) || report[key].is_null()) continue;
     const nlohmann::json& v = report[key];
     // GiB figures to the MiB (3 decimals): the report keeps full precision, the line is read.
@@ -75,7 +82,7 @@ void print_profile_line(const nlohmann::json& report) {
 }
 }  // namespace
 
-nlohmann::json close_region(RegionState& region, bool normally) {
+nlohmann::json close_region(RegionState& region, bool normally, bool out_of_memory) {
   DDO_CHECK(!region.done, Code::kFailedPrecondition, "this profile_run() region has already ended");
   region.done = true;
   OffloadState& offload = *region.offload;
@@ -84,6 +91,8 @@ nlohmann::json close_region(RegionState& region, bool normally) {
   // See Note [remove() inside a measured region].
   const bool removed_inside = region.measuring && !offload.active;
   result.exited_normally = normally && !removed_inside;
+  // Only a region that saves has a measurement to protect; a checked reuse region is skipped.
+  const bool saving = offload.prepared.region != core::RegionAction::kNone;
   if (region.measuring) {
     if (offload.runtime) offload.runtime->release_held();
     // The probe's figures as core's peak rule reads them (Note [Peak rule]).
@@ -95,10 +104,11 @@ nlohmann::json close_region(RegionState& region, bool normally) {
     time_all_copies(offload, false);  // the region is measured; later steps pay the steady cost
   }
   core::ProfileReport report;
-  Status saved = core::finish_region(offload.prepared, result, *offload.store, &report);
-  if (removed_inside && !normally) {
+  Status saved = saving ? core::finish_region(offload.prepared, result, *offload.store, &report)
+                        : core::check_reused_peak(offload.prepared, result, &report);
+  if (saving && removed_inside && !normally) {
     report.notes.push_back("remove() was called inside the region");
-  } else if (saved.ok() && removed_inside) {
+  } else if (saving && saved.ok() && removed_inside) {
     saved = Status(Code::kFailedPrecondition,
                    fmt::format("the offload was removed (remove()) inside the profile_run() region "
                                "of profile '{}', so the region did not measure the offloaded "
@@ -109,6 +119,11 @@ nlohmann::json close_region(RegionState& region, bool normally) {
   if (!saved.ok()) {
     report.status = core::ProfileStatus::kFailed;
     report.error = saved.message();
+  }
+  if (const Status outgrown = core::reused_profile_out_of_memory(offload.prepared);
+      out_of_memory && !normally && !outgrown.ok()) {
+    report.status = core::ProfileStatus::kFailed;
+    report.error = outgrown.message();
   }
   region.report = report.to_json();
   offload.profile_report = region.report;
@@ -142,6 +157,12 @@ nlohmann::json ProfileRun::abort() {
   return internal::close_region(*state_, /*normally=*/false);
 }
 
+nlohmann::json ProfileRun::abort_out_of_memory() {
+  DDO_CHECK(state_ != nullptr, Code::kFailedPrecondition,
+            "abort_out_of_memory() on a moved-from ProfileRun");
+  return internal::close_region(*state_, /*normally=*/false, /*out_of_memory=*/true);
+}
+
 const nlohmann::json& ProfileRun::report() const {
   return state_->report;
 }
@@ -157,6 +178,14 @@ nlohmann::json Offload::profile_run(const std::function<void()>& region) {
   ProfileRun run = profile_run();
   try {
     region();
+  } catch (const c10::OutOfMemoryError& e) {
+    const nlohmann::json report = run.abort_out_of_memory();
+    if (report.contains("error")) {
+      throw Error(
+          Code::kResourceExhausted,
+          fmt::format("{} ({})", report["error"].get<std::string>(), e.what_without_backtrace()));
+    }
+    throw;
   } catch (...) {
     run.abort();
     throw;

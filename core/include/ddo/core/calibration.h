@@ -155,6 +155,8 @@ struct ProfileReport {
   std::optional<std::string> profile_measurement_kind;  ///< what the saved recommendation came
                                                         ///< from, e.g. "baseline" or "sdnq_probe"
   std::optional<Measurement> measurement;               ///< the region's figures, when it measured
+  /// A reuse region's measured peak (check_reused_peak), beside the saved one (peak_vram_gb).
+  std::optional<double> run_peak_vram_gb;
   /// This run's weights (ModelInventory::weights_summary), and those the saved recommendation was
   /// measured with when it says (Note [Profiles and quantization] in calibration.cpp).
   std::optional<std::string> weights;
@@ -184,7 +186,11 @@ struct PreparedProfile {
   /// The saved profile's measured compute per candidate, when its recommendation is applied
   /// (PlanContext::candidate_compute_ms).
   std::map<std::string, double> candidate_compute_ms;
-  std::string weights;   ///< this run's ModelInventory::weights_summary(), saved with the result
+  std::string weights;  ///< this run's ModelInventory::weights_summary(), saved with the result
+  /// A saved recommendation was applied on a device that can measure: profile_run() measures the
+  /// region anyway and check_reused_peak() fails a run that outgrew it (Note [A reused profile is
+  /// checked] in calibration.cpp).
+  bool check_peak = false;
   ProfileReport report;  ///< the report as prepared; finish_region() completes it
 };
 
@@ -210,6 +216,19 @@ struct RegionResult {
 /// saves the recommendation. `report` is always filled (saved, failed, or the prepared report for
 /// kNone). Returns the store's error when saving failed; an aborted region is not an error here
 /// (the host's exception is the error) and leaves the file byte-for-byte unchanged.
+/// For a region that applied a saved recommendation (prepared.check_peak) and exited normally:
+/// the run's peak against the card (or cap) the profile was made for. `report` is the prepared
+/// report with run_peak_vram_gb; a peak above the card is kResourceExhausted saying to calibrate
+/// this workload under its own name (report status failed), a peak inside the headroom a note.
+/// Nothing is saved either way.
+Status check_reused_peak(const PreparedProfile& prepared, const RegionResult& result,
+                         ProfileReport* report);
+
+/// For a region that applied a saved recommendation (prepared.check_peak) and in which the device
+/// ran out of memory: kResourceExhausted saying to calibrate this workload under its own name;
+/// ok for any other region.
+Status reused_profile_out_of_memory(const PreparedProfile& prepared);
+
 Status finish_region(const PreparedProfile& prepared, const RegionResult& result,
                      ProfileStore& store, ProfileReport* report);
 

@@ -63,6 +63,11 @@ class ProfileRun {
   nlohmann::json finish();
   /// Ends the region without saving (what the destructor does); returns the report.
   nlohmann::json abort();
+  /// abort() after the device ran out of memory inside the region. When the region reused a
+  /// saved recommendation, the report's "error" says the workload outgrew it and to calibrate
+  /// this workload under its own name (Note [A reused profile is checked] in
+  /// core/src/calibration.cpp); the host raises it in place of the bare out-of-memory error.
+  nlohmann::json abort_out_of_memory();
 
   /// The report as it stands (updated by finish/abort).
   const nlohmann::json& report() const;
