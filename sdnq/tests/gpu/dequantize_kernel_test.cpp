@@ -80,7 +80,7 @@ TEST_P(DequantizeKernel, BitEqualToTheReferenceOnTheSameDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DequantizeKernel, ::testing::ValuesIn(kKernelCases),
-                         [](const auto& info) { return kname(info.param); });
+                         [](const auto& test) { return kname(test.param); });
 
 TEST(DequantizeKernelSvd, SvdFactorsAddedInTheResultDtype) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";

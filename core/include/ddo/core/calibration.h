@@ -157,9 +157,10 @@ struct ProfileReport {
   std::optional<Measurement> measurement;               ///< the region's figures, when it measured
   /// A reuse region's measured peak (check_reused_peak), beside the saved one (peak_vram_gb).
   std::optional<double> run_peak_vram_gb;
-  /// This run's weights (ModelInventory::weights_summary), and those the saved recommendation was
-  /// measured with when it says (Note [Profiles and quantization] in calibration.cpp).
+  /// This run's weights (ModelInventory::weights_summary; Note [Profiles and quantization] in
+  /// calibration.cpp).
   std::optional<std::string> weights;
+  /// The weights the saved recommendation was measured with, when it says.
   std::optional<std::string> measured_weights;
   std::vector<std::string> notes;    ///< why: manual override, cap, pending probe, failure
   std::optional<std::string> error;  ///< why saving failed
@@ -212,10 +213,6 @@ struct RegionResult {
   std::map<std::string, double> candidate_compute_ms;
 };
 
-/// Completes the region: for kCalibrate and kProbe regions that exited normally, computes and
-/// saves the recommendation. `report` is always filled (saved, failed, or the prepared report for
-/// kNone). Returns the store's error when saving failed; an aborted region is not an error here
-/// (the host's exception is the error) and leaves the file byte-for-byte unchanged.
 /// For a region that applied a saved recommendation (prepared.check_peak) and exited normally:
 /// the run's peak against the card (or cap) the profile was made for. `report` is the prepared
 /// report with run_peak_vram_gb; a peak above the card is kResourceExhausted saying to calibrate
@@ -229,6 +226,10 @@ Status check_reused_peak(const PreparedProfile& prepared, const RegionResult& re
 /// ok for any other region.
 Status reused_profile_out_of_memory(const PreparedProfile& prepared);
 
+/// Completes the region: for kCalibrate and kProbe regions that exited normally, computes and
+/// saves the recommendation. `report` is always filled (saved, failed, or the prepared report for
+/// kNone). Returns the store's error when saving failed; an aborted region is not an error here
+/// (the host's exception is the error) and leaves the file byte-for-byte unchanged.
 Status finish_region(const PreparedProfile& prepared, const RegionResult& result,
                      ProfileStore& store, ProfileReport* report);
 

@@ -43,12 +43,14 @@
 
 namespace ddo::core {
 
+/// A mapped file: the whole file in this process's address space until destroyed (or moved
+/// from). Move-only; an empty MappedFile maps nothing.
 class MappedFile {
  public:
   MappedFile() = default;
   ~MappedFile();
-  MappedFile(MappedFile&& other) noexcept;
-  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(MappedFile&& other) noexcept;             ///< takes the mapping; `other` is empty
+  MappedFile& operator=(MappedFile&& other) noexcept;  ///< unmaps this one, takes `other`'s
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
@@ -62,9 +64,9 @@ class MappedFile {
   static Status create_temporary(const std::filesystem::path& dir, std::uint64_t bytes,
                                  MappedFile* out);
 
-  char* data() const { return data_; }
-  std::uint64_t size() const { return size_; }
-  bool mapped() const { return data_ != nullptr; }
+  char* data() const { return data_; }              ///< the first byte; null when empty
+  std::uint64_t size() const { return size_; }      ///< bytes mapped (the file's size)
+  bool mapped() const { return data_ != nullptr; }  ///< false for an empty MappedFile
 
   /// Stops holding the whole pages inside [offset, offset + bytes) in this process's memory;
   /// their contents stay in the file. Temporary mappings only.
