@@ -568,3 +568,22 @@ TEST(ProfileRecordTest, AHostContextFileIsNotANamedProfile) {
 
 }  // namespace
 }  // namespace ddo::core
+
+namespace ddo::core {
+namespace {
+
+TEST(PrintableText, ControlCharactersAndBrokenUtf8AreEscapedOnOneLine) {
+  EXPECT_EQ(printable_text("video-5s"), "video-5s");
+  EXPECT_EQ(printable_text("vidéo ✓ 视频"), "vidéo ✓ 视频");  // UTF-8 stays as it is
+  EXPECT_EQ(printable_text("a\nb\tc\\d"), "a\\nb\\tc\\\\d");
+  EXPECT_EQ(printable_text("\x1b[2J\x7f"), "\\x1b[2J\\x7f");  // ESC, DEL
+  EXPECT_EQ(printable_text("x\xc2\x9b"
+                           "1m"),
+            "x\\xc2\\x9b1m");                                          // C1 CSI (U+009B)
+  EXPECT_EQ(printable_text("\xff\xc0\x80 ok"), "\\xff\\xc0\\x80 ok");  // not UTF-8
+  EXPECT_EQ(printable_text(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(printable_text("\xe2\x9c"), "\\xe2\\x9c");  // a sequence cut short
+}
+
+}  // namespace
+}  // namespace ddo::core

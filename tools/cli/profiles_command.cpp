@@ -109,7 +109,8 @@ struct Selector {
 
   std::string describe() const {
     if (!key.empty()) return fmt::format("with key {}", key);
-    return fmt::format("'{}' for class '{}'", name, model_class);
+    return fmt::format("'{}' for class '{}'", core::printable_text(name),
+                       core::printable_text(model_class));
   }
 
  private:
@@ -154,8 +155,8 @@ void run_list(bool as_json) {
                  row.profile_key);
       continue;
     }
-    fmt::print("{:<20} {:<32} {:>10} {:<28} {:<24} {}\n", row.name, row.model_class,
-               gib(row.resident_budget_gb),
+    fmt::print("{:<20} {:<32} {:>10} {:<28} {:<24} {}\n", core::printable_text(row.name),
+               core::printable_text(row.model_class), gib(row.resident_budget_gb),
                row.profile_measurement_kind.empty() ? "-" : row.profile_measurement_kind,
                row.updated_at, row.profile_key);
   }
@@ -185,8 +186,8 @@ void run_show(Selector selector, bool as_json) {
     fmt::print("{}\n", out.dump(2));
     return;
   }
-  fmt::print("name:       {}\n", record->identity.name);
-  fmt::print("class:      {}\n", record->identity.model_class);
+  fmt::print("name:       {}\n", core::printable_text(record->identity.name));
+  fmt::print("class:      {}\n", core::printable_text(record->identity.model_class));
   fmt::print("key:        {}\n", record->profile_key);
   fmt::print("path:       {}\n", path.string());
   fmt::print("updated at: {}\n", record->updated_at);
@@ -195,6 +196,9 @@ void run_show(Selector selector, bool as_json) {
                rec->profile_measurement_kind);
     fmt::print("  measured peak {:.2f} GiB of {:.2f} GiB, headroom {:.2f} GiB, at {}\n",
                rec->peak_vram_gb, rec->total_vram_gb, rec->headroom_gb, rec->measured_at);
+    if (!rec->weights.empty()) {
+      fmt::print("  measured with weights {}\n", core::printable_text(rec->weights));
+    }
     if (rec->probe_pending) {
       fmt::print(
           "  pending probe, not a validated resident run; the next normal SDNQ run probes "

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "ddo/core/calibration.h"
+#include "ddo/core/profile_store.h"
 #include "ddo/torch/enable_offload.h"
 #include "offload_state.h"
 
@@ -72,7 +73,7 @@ void print_profile_line(const nlohmann::json& report) {
     if (!report.contains(key) || report[key].is_null()) continue;
     const nlohmann::json& v = report[key];
     // GiB figures to the MiB (3 decimals): the report keeps full precision, the line is read.
-    const std::string text = v.is_string()         ? v.get<std::string>()
+    const std::string text = v.is_string()         ? core::printable_text(v.get<std::string>())
                              : v.is_number_float() ? fmt::format("{:.3f}", v.get<double>())
                                                    : v.dump();
     line += fmt::format(" {}={}", key, text);

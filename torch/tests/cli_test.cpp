@@ -1,6 +1,7 @@
 // The `ddo` program (tools/cli) as a user runs it: its errors name what was wrong and what to do,
 // and `ddo demo` takes its preset like every entry point (--preset, else DDO_PRESET, else auto).
 // Runs the program the build made (DDO_PROGRAM; the test target depends on it).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "child_process.h"
 #include "ddo/core/host_context.h"
+#include "ddo/core/profile_store.h"
 #include "ddo/engine/device.h"
 #include "test_util.h"
 
@@ -166,6 +168,24 @@ TEST_F(CliTest, ProfilesListMentionsHostContextRecords) {
       r.output.find(contexts.path_for({{"model", "flux"}, {"gpu", "4090"}}).filename().string()),
       std::string::npos)
       << r.output;
+}
+
+TEST_F(CliTest, ProfileNamesWithControlCharactersAreListedOnOneEscapedLine) {
+  core::ProfileStoreOptions options;
+  options.directory = dir_.path();
+  core::ProfileStore store(options);
+  core::ProfileObservation observation;
+  core::ProfileRecommendation rec;
+  rec.resident_budget_gb = 1.0;
+  rec.profile_measurement_kind = "baseline";
+  const core::ProfileIdentity forged{"evil\nfake-row\x1b[2J", "demo::Net"};
+  ASSERT_TRUE(store.save(forged, observation, rec).ok());
+  const Result r = run_ddo(profile_env(), "profiles list");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("evil\\nfake-row\\x1b[2J"), std::string::npos) << r.output;
+  // The directory line, the header and one row: the name adds no row of its own.
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 3) << r.output;
 }
 
 }  // namespace
