@@ -13,6 +13,7 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh cards      # build, device code per library, SDNQ tests under PTX JIT
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testw4     # build, GPU tests, W4 (quantized compute, $OUT/w4.json)
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan)
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead x DDO_OP_REPEATS),
@@ -273,6 +274,27 @@ w4() {
   return $rc
 }
 
+# W6 (issue 32): whole generations with examples/python/generate.py, a cold process per row
+# (bench/python/w6_generation.py): all resident, then ddo at each cap with host RAM capped. The
+# random folder is written once under DDO_W6_DIR and kept between calls of a warm machine.
+w6() {
+  if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: w6 step needs the ddo Python package"; return 1; fi
+  install_wheels
+  local left=$((570 - ($(date +%s) - T_START) - 20)) family=${DDO_W6_FAMILY:-flux}
+  local size=${DDO_W6_SIZE:-full} dev=cuda
+  [ "$HAVE_GPU" = 0 ] && { size=${DDO_W6_SIZE:-tiny}; dev=sim; }
+  echo "== w6 $family $size" >>"$LOG"
+  # shellcheck disable=SC2086
+  timeout "$left" "$PY" "$ROOT/bench/python/w6_generation.py" --family "$family" --size "$size" \
+    --device "$dev" --folder "${DDO_W6_DIR:-/tmp/ddo-w6-$family-$size}" \
+    --caps "${DDO_W6_CAPS:-8,16}" --host-ram-cap "${DDO_W6_HOST_RAM_GB:-32}" \
+    ${DDO_W6_ARGS:+--generate-args "$DDO_W6_ARGS"} \
+    --out "$OUT/w6-$family.json" --commit "$DDO_COMMIT" >>"$LOG" 2>&1
+  local rc=$?
+  say "w6 rc=$rc"
+  return $rc
+}
+
 # W1-py from disk (issue 16): writes the model to the machine's disk once (kept between calls
 # of a warm machine under DDO_LOAD_DIR), then ddo's loader cold/warm at each cap and diffusers'
 # from_pretrained + group offload (bench/python/load_from_disk.py).
@@ -383,6 +405,7 @@ case "$MODE" in
   py) build && py ;;
   w4) build && w4 ;;
   testw4) build && { DDO_GPU_TESTS_ONLY=1 run_tests; w4; } ;;
+  w6) build && w6 ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;
   # SDNQ in one call: build, the GPU tests (kernels, streamed units, probe lifecycle), pytest,

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""W6 (docs/benchmarks.md): whole generations, a cold process per row, from the pipeline folder
+on disk to the written output, with examples/python/generate.py.
+
+Rows: ddo at each --caps value (GiB; host RAM capped by --host-ram-cap), and all resident without
+ddo (--no-ddo, the reference the outputs are compared with). Each row's report (seconds per stage,
+bytes read and streamed, peak VRAM and RSS) goes into --out with the command, the card, the
+versions and the commit. diffusers' own offload routes are not rows yet.
+
+    python bench/python/w6_generation.py --family flux --folder /disk/flux-full --size full \\
+        --caps 8,16 --host-ram-cap 32 --out bench/results/w6-flux.json --commit $(git rev-parse HEAD)
+    python bench/python/w6_generation.py --family wan --folder /tmp/wan --size tiny --device sim \\
+        --caps 0.01 --out /tmp/w6.json          # a smoke test without a GPU
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GENERATE = os.path.join(ROOT, "examples", "python", "generate.py")
+
+
+def run_row(args, extra, name):
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = os.path.join(tmp, "report.json")
+        output = os.path.join(tmp, "out.png" if args.family == "flux" else "out.webp")
+        cmd = [sys.executable, GENERATE, "--random", args.folder, "--family", args.family,
+               "--size", args.size, "--device", args.device, "--seed", "0",
+               "--output", output, "--report", report_path] + args.generate_args.split() + extra
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            return {"row": name, "command": " ".join(cmd), "error": done.stderr[-2000:]}
+        with open(report_path) as f:
+            report = json.load(f)
+        from PIL import Image
+
+        frames = []
+        with Image.open(output) as im:
+            for i in range(getattr(im, "n_frames", 1)):
+                im.seek(i)
+                frames.append(np.asarray(im.convert("RGB"), dtype=np.int16))
+        return {"row": name, "command": " ".join(cmd), "wall_seconds": wall, "report": report,
+                "pixels": np.stack(frames)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=("flux", "wan"), default="flux")
+    p.add_argument("--folder", required=True, help="the random folder (written once)")
+    p.add_argument("--size", choices=("tiny", "full"), default="full")
+    p.add_argument("--device", choices=("cuda", "sim"), default="cuda")
+    p.add_argument("--caps", default="8,16", help="GiB, comma separated")
+    p.add_argument("--host-ram-cap", type=float)
+    p.add_argument("--generate-args", default="", help="more generate.py flags for every row")
+    p.add_argument("--out", required=True)
+    p.add_argument("--commit", default="")
+    args = p.parse_args()
+
+    rows = [run_row(args, ["--no-ddo"], "resident")]
+    for cap in [c for c in args.caps.split(",") if c]:
+        extra = ["--vram-cap", cap]
+        if args.host_ram_cap:
+            extra += ["--host-ram-cap", str(args.host_ram_cap)]
+        rows.append(run_row(args, extra, f"ddo cap {cap} GiB"))
+    reference = rows[0].get("pixels")
+    for row in rows:
+        pixels = row.pop("pixels", None)
+        if pixels is not None and reference is not None and pixels.shape == reference.shape:
+            row["max_pixel_difference"] = int(np.abs(pixels - reference).max())
+        if "report" in row:
+            print(f"{row['row']}: {row['wall_seconds']:.1f} s "
+                  f"(generation {row['report']['seconds']:.1f} s)", file=sys.stderr)
+        else:
+            print(f"{row['row']}: failed\n{row['error']}", file=sys.stderr)
+
+    import torch
+    import diffusers
+
+    result = {
+        "benchmark": "W6", "command": " ".join(sys.argv), "commit": args.commit,
+        "card": torch.cuda.get_device_name() if args.device == "cuda" else "sim",
+        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
+                     "python": platform.python_version()},
+        "family": args.family, "size": args.size, "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
