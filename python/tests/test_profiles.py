@@ -298,3 +298,18 @@ def test_an_image_profile_reused_for_a_longer_video_fails_saying_to_calibrate(pr
         tokens_run("image", 2048, False, vram_cap_gb=CAP_GB)
     assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
     assert open(ddo.profile_path("image", Tokens())).read() == before  # nothing saved
+
+
+def test_a_reuse_region_inside_another_models_calibration_is_not_checked(profile_dir):
+    # The check resets the device's peak counters; inside a region that saves (another model's
+    # calibration on the same device) it stands aside so that measurement stays whole.
+    assert tokens_run("inner", 16, True, vram_cap_gb=CAP_GB)["status"] == "saved"
+    outer_model, outer_pipeline, outer_inputs = make_workload()
+    outer = enable_offload(outer_model, preset="auto", profile_name="outer", build_profile=True,
+                           execution_device="sim", show_profile=False)
+    with outer.profile_run() as outer_report:
+        outer_pipeline(**outer_inputs)
+        inner = tokens_run("inner", 16, False, vram_cap_gb=CAP_GB)
+    outer.remove()
+    assert inner["status"] == "applied" and "run_peak_vram_gb" not in inner, inner
+    assert outer_report["status"] == "saved", outer_report

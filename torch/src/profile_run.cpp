@@ -40,10 +40,20 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
   const core::RegionAction action = offload.prepared.region;
   if (action == core::RegionAction::kNone && offload.prepared.check_peak && offload.executing &&
       offload.probe != nullptr && offload.active) {
-    // Note [A reused profile is checked]: measured, not saved; no cross-process lock.
-    if (offload.runtime) offload.runtime->release_held();
-    throw_if_error(offload.probe->start_sampling());
-    region->measuring = true;
+    // Note [A reused profile is checked]: measured, not saved. The measurement resets the
+    // device's peak counters, so it takes the device's region lock like a calibration; when
+    // another region holds it (one that saves), this run is not checked rather than disturbing
+    // that one's measurement.
+    try {
+      region->lock.emplace(core::CalibrationRegionLock::acquire(offload.prepared.device));
+    } catch (const Error&) {
+      // Not checked: region->measuring stays false.
+    }
+    if (region->lock) {
+      if (offload.runtime) offload.runtime->release_held();
+      throw_if_error(offload.probe->start_sampling());
+      region->measuring = true;
+    }
   } else if (action != core::RegionAction::kNone) {
     DDO_CHECK(offload.executing && offload.probe != nullptr, Code::kFailedPrecondition, "profile '",
               offload.prepared.report.name,
@@ -105,8 +115,14 @@ nlohmann::json close_region(RegionState& region, bool normally, bool out_of_memo
     time_all_copies(offload, false);  // the region is measured; later steps pay the steady cost
   }
   core::ProfileReport report;
-  Status saved = saving ? core::finish_region(offload.prepared, result, *offload.store, &report)
-                        : core::check_reused_peak(offload.prepared, result, &report);
+  Status saved = Status::ok_status();
+  if (saving) {
+    saved = core::finish_region(offload.prepared, result, *offload.store, &report);
+  } else if (region.measuring) {
+    saved = core::check_reused_peak(offload.prepared, result, &report);
+  } else {
+    report = offload.prepared.report;
+  }
   if (saving && removed_inside && !normally) {
     report.notes.push_back("remove() was called inside the region");
   } else if (saving && saved.ok() && removed_inside) {
