@@ -339,9 +339,9 @@ struct ProfileRecord {
 };
 
 /// `text` (a profile name or class, stored verbatim) as one line a terminal shows as it is:
-/// control characters (newline, tab, ESC, DEL and the C1 range) become \n, \t or \xNN, and a
-/// backslash is doubled, so a name cannot add rows to a listing or move the cursor. Bytes that
-/// are not UTF-8 become \xNN too.
+/// control characters (newline, tab, ESC, DEL and the C1 range) become `\\n`, `\\t` or `\\xNN`,
+/// and a backslash is doubled, so a name cannot add rows to a listing or move the cursor. Bytes
+/// that are not UTF-8 become `\\xNN` too.
 std::string printable_text(std::string_view text);
 
 /// One row of `ddo profiles list`. Unreadable files are listed with `problem` set so that the
