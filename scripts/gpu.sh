@@ -274,7 +274,7 @@ w4() {
   return $rc
 }
 
-# W6 (issue 32): whole generations with examples/python/generate.py, a cold process per row
+# W6 (docs/benchmarks.md): whole generations with examples/python/generate.py, a cold process per row
 # (bench/python/w6_generation.py): all resident, then ddo at each cap with host RAM capped. The
 # random folder is written once under DDO_W6_DIR and kept between calls of a warm machine.
 w6() {

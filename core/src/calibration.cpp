@@ -301,13 +301,13 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
                  config.execution_mode != ExecutionMode::kPlan;
   // Note [Profiles and quantization]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A profile's identity is its name, the model class and the execution mode, as the seed's page
-  // and library key it; the weights' dtype and quantization are deliberately not part of it, so
-  // a bf16 run and an fp8 run (enable_offload(quantize="fp8")) under one name share one profile.
-  // Their peaks differ (packed weights, dequantized or quantized temporaries), so the saved
-  // recommendation records the weights it was measured with and the report names them; when they
-  // differ from this run's, the budget is still applied (the page says reuse is by name) and a
-  // note says to calibrate again or choose another name.
+  // A profile's identity is its name, the model class and the execution mode (note 0007, section
+  // 2); the weights' dtype and quantization are deliberately not part of it, so an int8 run and an
+  // fp8 run under one name share one profile (a bf16 run has another execution mode). Their peaks
+  // differ (packed weights, dequantized or quantized temporaries), so the saved recommendation
+  // records the weights it was measured with and the report names them; when they differ from
+  // this run's, the budget is still applied (reuse is by name) and a note says to calibrate again
+  // or choose another name.
   if (!rec.weights.empty()) report.measured_weights = rec.weights;
   if (!rec.weights.empty() && !weights.empty() && rec.weights != weights) {
     report.notes.push_back(fmt::format(
@@ -384,13 +384,13 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
 
 // Note [A reused profile is checked]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The seed's page: "Do not infer video capacity from an image profile". A name stands for one
-// workload, but nothing stops a host from reusing an image profile for a 33-frame video: the
-// saved budget leaves room for the image's activations, and the video's outgrow it. So a region
-// that applies a saved recommendation is measured like a calibration (the same probe and peak
-// rule, nothing saved) and its peak is compared with the card, or the emulated cap, the profile
-// was made for. Above it the run fails with an error that says to calibrate this workload under
-// its own name: on a card of that size it would have run out of memory (on the real card it
+// Video capacity is never inferred from an image profile (note 0007, section 3). A name
+// stands for one workload, but nothing stops a host from reusing an image profile for a 33-frame
+// video: the saved budget leaves room for the image's activations, and the video's outgrow it. So a
+// region that applies a saved recommendation is measured like a calibration (the same probe and
+// peak rule, nothing saved) and its peak is compared with the card, or the emulated cap, the
+// profile was made for. Above it the run fails with an error that says to calibrate this workload
+// under its own name: on a card of that size it would have run out of memory (on the real card it
 // usually does, first). Within the card but inside the headroom is a note: the workload grew,
 // and the headroom absorbed it. The bound is the card and not card - headroom because a reuse of
 // the same workload is expected to end near card - headroom (that is what the budget is for),

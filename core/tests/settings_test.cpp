@@ -560,8 +560,7 @@ TEST(Settings, QuantizedMatmulModeFromEnv) {
   EXPECT_EQ(mode, QuantizedMatmulMode::kOff);
   const Status bad = quantized_matmul_mode_from_env({{"DDO_QUANTIZED_MATMUL", "on"}}, &mode);
   EXPECT_EQ(bad.code(), Code::kInvalidArgument);
-  EXPECT_NE(bad.message().find("DDO_QUANTIZED_MATMUL=\"on\""), std::string::npos)
-      << bad.message();
+  EXPECT_NE(bad.message().find("DDO_QUANTIZED_MATMUL=\"on\""), std::string::npos) << bad.message();
 }
 
 }  // namespace

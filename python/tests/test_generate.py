@@ -1,4 +1,4 @@
-"""examples/python/generate.py (issue 32) at tiny sizes on the sim device: a whole generation from
+"""examples/python/generate.py at tiny sizes on the sim device: a whole generation from
 a folder it writes itself (random weights, token ids instead of a tokenizer), FLUX and Wan, each
 component loaded by ddo's loader, streamed, released; the image and the frames are written, equal
 to the same stages run without ddo, and the report gives each stage's figures."""
@@ -67,7 +67,7 @@ def test_a_host_ram_cap_reads_the_denoiser_from_disk_with_the_same_image(tmp_pat
 
 
 def test_video_profiles_are_calibrated_and_reused_under_their_own_names(tmp_path):
-    # The seed's example names on Wan: "video-5s" (21 frames) and "video-8s" (33 frames), each
+    # The video profile names of docs/design/0007-named-profiles.md, on Wan: "video-5s" (21 frames) and "video-8s" (33 frames), each
     # calibrated once and reused by its next generation within the card it was made for.
     gen = generate_module()
     common = ["--family", "wan", "--random", str(tmp_path / "wan"), "--size", "tiny",

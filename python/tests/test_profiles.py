@@ -282,8 +282,8 @@ def test_each_video_profile_is_reused_under_its_cap(profile_dir, name, length):
 
 
 def test_an_image_profile_reused_for_a_longer_video_fails_saying_to_calibrate(profile_dir):
-    # Note [A reused profile is checked]: the seed's "Do not infer video capacity from an image
-    # profile". Calibrated on a short sequence, the saved budget holds the image; the long one
+    # Note [A reused profile is checked]: video capacity is never inferred from an image profile.
+    # Calibrated on a short sequence, the saved budget holds the image; the long one
     # peaks above the (emulated) card, and the run fails naming the profile and what to do.
     assert tokens_run("image", 16, True, vram_cap_gb=CAP_GB)["status"] == "saved"
     before = open(ddo.profile_path("image", Tokens())).read()

@@ -1,4 +1,4 @@
-"""Training and in-place writes under offload (issue 35, item 5), on the sim device.
+"""Training and in-place writes under offload, on the sim device.
 
 Streamed weights are inference-only (Note [Training under offload] in torch/src/attach_plan.cpp):
 a module in training mode whose weight requires grad and would be streamed is refused at attach,
