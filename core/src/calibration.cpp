@@ -89,6 +89,10 @@ double recommend_resident_budget_gb(double total_gb, double peak_gb, double head
   return std::max(0.0, total_gb - peak_gb - headroom_gb);
 }
 
+double cap_saved_budget_gb(double budget_gb, double max_resident_budget_gb) {
+  return max_resident_budget_gb > 0 ? std::min(budget_gb, max_resident_budget_gb) : budget_gb;
+}
+
 double sdnq_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb) {
   const double ceiling =
       max_resident_budget_gb > 0 ? max_resident_budget_gb : kSdnqDefaultProbeCeilingGb;
@@ -325,12 +329,13 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
                            config.route == Route::kDynamic;
     if (can_probe) {
       double probe = rec.probe_budget_gb.value_or(rec.resident_budget_gb);
-      if (p.max_resident_budget_gb > 0 && probe > p.max_resident_budget_gb) {
+      if (const double capped = cap_saved_budget_gb(probe, p.max_resident_budget_gb);
+          capped < probe) {
         report.notes.push_back(
             fmt::format("pending probe of {} capped by "
                         "max_resident_module_budget_gb={}",
                         format_gib(probe), p.max_resident_budget_gb));
-        probe = p.max_resident_budget_gb;
+        probe = capped;
       }
       // Note [Probe within the card]
       // The seed saves the probe at the ceiling. On a real card a resident budget above the
@@ -371,12 +376,13 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
         "a CUDA device); applying the measured safe budget of {}",
         format_gib(budget)));
   }
-  if (p.max_resident_budget_gb > 0 && budget > p.max_resident_budget_gb) {
+  if (const double capped = cap_saved_budget_gb(budget, p.max_resident_budget_gb);
+      capped < budget) {
     report.notes.push_back(
         fmt::format("saved recommendation of {} capped by "
                     "max_resident_module_budget_gb={}",
                     format_gib(budget), p.max_resident_budget_gb));
-    budget = p.max_resident_budget_gb;
+    budget = capped;
   }
   p.resident_budget_gb = report.resident_budget_gb = budget;
   return p;

@@ -37,6 +37,13 @@ constexpr std::array<Spelling<Route>, 5> kRouteSpellings = {{
     {"device", Route::kDeviceMove},
     {"none", Route::kNone},
 }};
+// Route names of the diffusers offloading vocabulary, accepted wherever a route is read
+// (parse_route: route=, DDO_<COMPONENT>_ROUTE, the config's route) and never written.
+constexpr std::array<Spelling<Route>, 3> kRouteAliases = {{
+    {"dynamic_offload", Route::kDynamic},
+    {"linear_convolution", Route::kDynamic},         // the dynamic route streams Conv weights too
+    {"diffusers_group_offload", Route::kGroupLeaf},  // offload_type's default, leaf_level
+}};
 constexpr std::array<Spelling<AutoBudgetPolicy>, 2> kPolicySpellings = {{
     {"off", AutoBudgetPolicy::kOff},
     {"balanced", AutoBudgetPolicy::kBalanced},
@@ -755,7 +762,47 @@ Status parse_execution_mode(std::string_view text, ExecutionMode* out) {
   return parse_spelling(execution_mode_spellings(), "execution mode", text, out);
 }
 Status parse_route(std::string_view text, Route* out) {
-  return parse_spelling(route_spellings(), "route", text, out);
+  const std::string token = normalize_token(text);
+  for (const auto& alias : kRouteAliases) {
+    if (token == alias.name) {
+      *out = alias.value;
+      return Status::ok_status();
+    }
+  }
+  Status status = parse_spelling(route_spellings(), "route", text, out);
+  if (status.ok()) return status;
+  return Status(status.code(), internal::str_cat(status.message(),
+                                                 " (or dynamic_offload, linear_convolution, "
+                                                 "diffusers_group_offload)"));
+}
+
+Status resolve_route_arguments(const RouteArguments& args, std::optional<Route>* out) {
+  DDO_ASSERT(out != nullptr);
+  Route group = Route::kGroupLeaf;
+  if (args.offload_type) {
+    const std::string type = normalize_token(*args.offload_type);
+    if (type == "block_level") {
+      group = Route::kGroupBlock;
+    } else if (type != "leaf_level") {
+      return Status(Code::kInvalidArgument,
+                    internal::str_cat("offload_type=\"", *args.offload_type,
+                                      "\" is not valid; use \"block_level\" or \"leaf_level\""));
+    }
+  }
+  std::optional<Route> route;
+  if (args.route && normalize_token(*args.route) != "auto") {
+    Route parsed = Route::kDynamic;
+    if (Status s = parse_route(*args.route, &parsed); !s.ok()) {
+      return Status(s.code(), internal::str_cat(s.message(), "; or auto (the settings decide)"));
+    }
+    // diffusers_group_offload follows offload_type; the others name one route.
+    route = normalize_token(*args.route) == "diffusers_group_offload" ? group : parsed;
+  }
+  if (!route && args.group_offload.value_or(false)) route = group;
+  if (!route && args.dynamic_offload.value_or(false)) route = Route::kDynamic;
+  if (!route && args.dynamic_offload == false && args.group_offload == false) route = Route::kNone;
+  *out = route;
+  return Status::ok_status();
 }
 Status parse_auto_budget_policy(std::string_view text, AutoBudgetPolicy* out) {
   return parse_spelling(auto_budget_policy_spellings(), "auto budget policy", text, out);

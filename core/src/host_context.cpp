@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "ddo/core/calibration.h"
+
 namespace ddo::core {
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -316,6 +318,29 @@ Status DynamicOffloadProfileSession::record_success(const json& observation,
   // When both contexts are the same, the one file already holds the observation.
   if (capacity_context_ == execution_context_) return Status::ok_status();
   return store_.record_observation(capacity_context_, observation);
+}
+
+DynamicOffloadProfileSession::AppliedSettings DynamicOffloadProfileSession::apply_settings(
+    const DynamicOffloadSettings& settings, bool allow_recommendation) const {
+  if (allow_recommendation && settings.config.resident_module_budget_gb > 0) {
+    return {settings, std::nullopt};
+  }
+  AppliedSettings applied{settings, std::nullopt};
+  if (std::optional<ContextRecord> record = execution_record()) {
+    applied.recommendation = std::move(record->recommendation);
+  }
+  if (!allow_recommendation || !applied.recommendation) return applied;
+  const json* budget = nullptr;
+  if (auto it = applied.recommendation->find(kRecommendedBudgetKey);
+      it != applied.recommendation->end() && it->is_number()) {
+    budget = &*it;
+  }
+  const double value = budget != nullptr ? budget->get<double>() : -1.0;
+  if (!std::isfinite(value) || value < 0) return applied;
+  const double capped = cap_saved_budget_gb(value, settings.config.max_resident_module_budget_gb);
+  throw_if_error(
+      settings.with_overrides({{"resident_module_budget_gb", capped}}, &applied.settings));
+  return applied;
 }
 
 std::optional<ContextRecord> DynamicOffloadProfileSession::execution_record() const {

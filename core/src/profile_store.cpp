@@ -729,7 +729,6 @@ WarningSink stderr_warning_sink() {
 
 namespace {
 
-constexpr std::string_view kLibraryBudgetKey = "profile_resident_module_budget_gb";
 constexpr std::string_view kLibraryProbeKey = "sdnq_probe_resident_budget_gb";
 
 bool is_known_kind(std::string_view kind) {
@@ -790,7 +789,7 @@ bool is_named_profile_context(const json& context) {
 }
 
 json ProfileRecommendation::to_json() const {
-  json out{{kLibraryBudgetKey, resident_budget_gb},
+  json out{{kRecommendedBudgetKey, resident_budget_gb},
            {"profile_measurement_kind", profile_measurement_kind},
            {"peak_vram_gb", peak_vram_gb},
            {"total_vram_gb", total_vram_gb},
@@ -810,10 +809,10 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
   if (!value.is_object()) return data_loss("recommendation is not an object");
   constexpr std::string_view kPrefix = "recommendation.";
   ProfileRecommendation r;
-  if (!value.contains(kLibraryBudgetKey)) {
-    return data_loss(fmt::format("recommendation.{} is missing", kLibraryBudgetKey));
+  if (!value.contains(kRecommendedBudgetKey)) {
+    return data_loss(fmt::format("recommendation.{} is missing", kRecommendedBudgetKey));
   }
-  DDO_RETURN_IF_ERROR(required_number(value, kLibraryBudgetKey.data(), kPrefix, kProfileGbRange,
+  DDO_RETURN_IF_ERROR(required_number(value, kRecommendedBudgetKey.data(), kPrefix, kProfileGbRange,
                                       &r.resident_budget_gb));
   double number = 0;
   bool present = false;
@@ -882,7 +881,7 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
     r.weights = it->get<std::string>();
   }
   r.extra =
-      unknown_fields(value, {kLibraryBudgetKey, kLibraryProbeKey, "profile_measurement_kind",
+      unknown_fields(value, {kRecommendedBudgetKey, kLibraryProbeKey, "profile_measurement_kind",
                              "peak_vram_gb", "total_vram_gb", "headroom_gb", "measured_at",
                              "safe_budget_gb", "probe_budget_gb", "candidate_compute_ms", "weights",
                              // ddo 0.1.0's own spellings, dropped on rewrite

@@ -366,6 +366,15 @@ void warn_misspelled_variables(const EnvMap& env, std::vector<std::string>* warn
   }
 }
 
+// What the platform allows of the config: pinned memory and extra streams are unreliable under
+// WSL's GPU paravirtualisation.
+void derive_platform_facts(DynamicOffloadSettings* s) {
+  const bool platform_blocks = s->wsl && s->config.disable_pin_on_wsl;
+  s->pin_requested = s->config.pin_cpu_memory;
+  s->pin_effective = s->pin_requested && !platform_blocks;
+  s->side_streams_effective = s->config.use_side_streams && !platform_blocks;
+}
+
 }  // namespace
 
 Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const EnvMap& env,
@@ -427,11 +436,20 @@ Status DynamicOffloadSettings::resolve(const SettingsRequest& request, const Env
   s.preset_description = info.description;
   s.enabled = info.enabled;
   s.wsl = request.wsl ? *request.wsl : detect_wsl(env);
-  // Pinned memory and extra streams are unreliable under WSL's GPU paravirtualisation.
-  const bool platform_blocks = s.wsl && s.config.disable_pin_on_wsl;
-  s.pin_requested = s.config.pin_cpu_memory;
-  s.pin_effective = s.pin_requested && !platform_blocks;
-  s.side_streams_effective = s.config.use_side_streams && !platform_blocks;
+  derive_platform_facts(&s);
+  *out = std::move(s);
+  return Status::ok_status();
+}
+
+Status DynamicOffloadSettings::with_overrides(const nlohmann::json& overrides,
+                                              DynamicOffloadSettings* out) const {
+  DDO_ASSERT(out != nullptr);
+  DynamicOffloadSettings s = *this;
+  if (!overrides.is_null()) {
+    DDO_RETURN_IF_ERROR(apply_overrides(&s.config, overrides, &s.warnings));
+  }
+  DDO_RETURN_IF_ERROR(validate_config(s.config));
+  derive_platform_facts(&s);
   *out = std::move(s);
   return Status::ok_status();
 }

@@ -130,6 +130,60 @@ TEST(ConfigEnums, UnknownSpellingListsValidOnesAndLeavesOutput) {
   EXPECT_NE(s.message().find("off, balanced"), std::string::npos);
 }
 
+TEST(ConfigEnums, RouteAliasesAreReadAndNeverWritten) {
+  Route route = Route::kNone;
+  ASSERT_TRUE(parse_route(" Dynamic_Offload", &route).ok());
+  EXPECT_EQ(route, Route::kDynamic);
+  ASSERT_TRUE(parse_route("linear_convolution", &route).ok());
+  EXPECT_EQ(route, Route::kDynamic);
+  ASSERT_TRUE(parse_route("diffusers_group_offload", &route).ok());
+  EXPECT_EQ(route, Route::kGroupLeaf);
+  EXPECT_STREQ(to_string(route), "group_leaf");
+  const Status bad = parse_route("group_offload", &route);
+  EXPECT_NE(bad.message().find("dynamic_offload, linear_convolution, diffusers_group_offload"),
+            std::string::npos)
+      << bad.message();
+  EXPECT_EQ(route, Route::kGroupLeaf);
+}
+
+TEST(ConfigEnums, RouteArgumentsGiveOneRoute) {
+  struct Case {
+    RouteArguments args;
+    std::optional<Route> expected;
+  };
+  const Case cases[] = {
+      {{}, std::nullopt},
+      {{.route = "auto", .group_offload = true}, Route::kGroupLeaf},
+      {{.route = "AUTO"}, std::nullopt},
+      {{.route = "dynamic_offload", .group_offload = true}, Route::kDynamic},
+      {{.route = "diffusers_group_offload", .offload_type = "block_level"}, Route::kGroupBlock},
+      {{.route = "diffusers_group_offload"}, Route::kGroupLeaf},
+      {{.route = "device"}, Route::kDeviceMove},
+      {{.group_offload = true, .offload_type = "block_level"}, Route::kGroupBlock},
+      {{.group_offload = true, .dynamic_offload = true}, Route::kGroupLeaf},
+      {{.group_offload = false, .dynamic_offload = true}, Route::kDynamic},
+      {{.group_offload = false, .dynamic_offload = false}, Route::kNone},
+      {{.dynamic_offload = false}, std::nullopt},
+  };
+  for (const Case& c : cases) {
+    std::optional<Route> out = Route::kDeviceMove;
+    ASSERT_TRUE(resolve_route_arguments(c.args, &out).ok());
+    EXPECT_EQ(out, c.expected) << c.args.route.value_or("-") << " "
+                               << c.args.offload_type.value_or("-");
+  }
+  std::optional<Route> kept = Route::kDeviceMove;
+  Status s = resolve_route_arguments({.offload_type = "block"}, &kept);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("offload_type=\"block\" is not valid; use \"block_level\" or "
+                             "\"leaf_level\""),
+            std::string::npos)
+      << s.message();
+  s = resolve_route_arguments({.route = "fast"}, &kept);
+  EXPECT_NE(s.message().find("route \"fast\""), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("or auto"), std::string::npos) << s.message();
+  EXPECT_EQ(kept, Route::kDeviceMove);
+}
+
 TEST(ConfigJson, HasEveryFieldWithTypedValues) {
   DynamicOffloadConfig c;
   const json j = config_to_json(c);

@@ -307,5 +307,44 @@ TEST_F(HostContextTest, ConcurrentSessionsFromSeveralProcessesKeepEveryRecord) {
   EXPECT_EQ(s.read_capacity(capacity_).at("tokens").max_success, kChildren - 1.0);
 }
 
+TEST_F(HostContextTest, ApplySettingsUsesTheStoredBudgetUnlessAManualOneWins) {
+  DynamicOffloadProfileSession session(store(), exec_, exec_);
+  SettingsRequest r;
+  r.config = DynamicOffloadConfig{};  // a "custom" preset: applying must not re-resolve it
+  r.config->max_resident_module_budget_gb = 0.0;  // uncapped
+  r.wsl = false;
+  const DynamicOffloadSettings base = DynamicOffloadSettings::from_env(r, {});
+
+  // Nothing stored: the settings unchanged, no recommendation.
+  DynamicOffloadProfileSession::AppliedSettings none = session.apply_settings(base);
+  EXPECT_FALSE(none.recommendation.has_value());
+  EXPECT_EQ(none.settings.config.resident_module_budget_gb, 0.0);
+
+  ASSERT_TRUE(session.record_success(obs(1, true), json{{kRecommendedBudgetKey, 6.5}}).ok());
+  DynamicOffloadProfileSession::AppliedSettings applied = session.apply_settings(base);
+  ASSERT_TRUE(applied.recommendation.has_value());
+  EXPECT_EQ(applied.settings.config.resident_module_budget_gb, 6.5);
+  EXPECT_EQ(applied.settings.requested_preset, "custom");
+  EXPECT_EQ(session.apply_settings(base, false).settings.config.resident_module_budget_gb, 0.0);
+
+  DynamicOffloadSettings capped;
+  ASSERT_TRUE(base.with_overrides({{"max_resident_module_budget_gb", 4.0}}, &capped).ok());
+  EXPECT_EQ(session.apply_settings(capped).settings.config.resident_module_budget_gb, 4.0);
+
+  DynamicOffloadSettings manual;
+  ASSERT_TRUE(base.with_overrides({{"resident_module_budget_gb", 2.0}}, &manual).ok());
+  DynamicOffloadProfileSession::AppliedSettings won = session.apply_settings(manual);
+  EXPECT_FALSE(won.recommendation.has_value());
+  EXPECT_EQ(won.settings.config.resident_module_budget_gb, 2.0);
+
+  // A budget that is not a finite number >= 0 is no budget (the recommendation is still returned).
+  for (const json& value : {json(true), json("6"), json(-1.0)}) {
+    ASSERT_TRUE(session.record_success(obs(1, true), json{{kRecommendedBudgetKey, value}}).ok());
+    DynamicOffloadProfileSession::AppliedSettings odd = session.apply_settings(base);
+    EXPECT_TRUE(odd.recommendation.has_value()) << value;
+    EXPECT_EQ(odd.settings.config.resident_module_budget_gb, 0.0) << value;
+  }
+}
+
 }  // namespace
 }  // namespace ddo::core

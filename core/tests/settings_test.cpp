@@ -563,5 +563,39 @@ TEST(Settings, QuantizedMatmulModeFromEnv) {
   EXPECT_NE(bad.message().find("DDO_QUANTIZED_MATMUL=\"on\""), std::string::npos) << bad.message();
 }
 
+TEST(Settings, OverridesKeepWhatTheSettingsWereBuiltWithAndDeriveThePlatformFactsAgain) {
+  // Settings from a config ("custom") under WSL, with a component policy from their environment.
+  SettingsRequest r = request();
+  r.config = DynamicOffloadConfig{};
+  r.wsl = true;
+  const DynamicOffloadSettings s = load({{"DDO_VAE_ROUTE", "device"}}, r);
+  ASSERT_EQ(s.requested_preset, "custom");
+  ASSERT_FALSE(s.pin_effective);  // disable_pin_on_wsl
+
+  DynamicOffloadSettings t;
+  ASSERT_TRUE(s.with_overrides({{"verbose", true}, {"disable_pin_on_wsl", false}}, &t).ok());
+  EXPECT_EQ(t.requested_preset, "custom");
+  EXPECT_EQ(t.effective_preset, "custom");
+  EXPECT_TRUE(t.config.verbose);
+  EXPECT_TRUE(t.wsl);
+  EXPECT_EQ(t.pin_effective, t.config.pin_cpu_memory);  // derived again from the new config
+  EXPECT_EQ(t.policy_for("vae").route, Route::kDeviceMove);
+
+  // Bad overrides leave `out` as it was and name the field.
+  DynamicOffloadSettings kept = t;
+  const Status bad = s.with_overrides({{"resident_module_budget_gb", -1}}, &t);
+  EXPECT_EQ(bad.code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.message().find("resident_module_budget_gb"), std::string::npos) << bad.message();
+  EXPECT_EQ(t.config.verbose, kept.config.verbose);
+  EXPECT_FALSE(s.with_overrides({{"no_such_field", 1}}, &t).ok());
+}
+
+TEST(Settings, ComponentRoutesAcceptTheRouteAliases) {
+  const DynamicOffloadSettings s = load({{"DDO_TRANSFORMER_ROUTE", "linear_convolution"},
+                                         {"DDO_TEXT_ENCODER_ROUTE", "diffusers_group_offload"}});
+  EXPECT_EQ(s.policy_for("transformer").route, Route::kDynamic);
+  EXPECT_EQ(s.policy_for("text_encoder").route, Route::kGroupLeaf);
+}
+
 }  // namespace
 }  // namespace ddo::core

@@ -348,19 +348,6 @@ def _refuse_compiled(model: nn.Module) -> None:
             )
 
 
-# The seed library's route names (and ddo's own) -> ddo's route spelling.
-_ROUTES = {
-    "dynamic": "dynamic",
-    "dynamic_offload": "dynamic",
-    "linear_convolution": "dynamic",  # ddo's dynamic route streams Conv weights too
-    "group_block": "group_block",
-    "group_leaf": "group_leaf",
-    "device": "device",
-    "none": "none",
-}
-_OFFLOAD_TYPES = {"block_level": "group_block", "leaf_level": "group_leaf"}
-
-
 def _check_type(name: str, value: Any, types: tuple, what: str) -> None:
     if not isinstance(value, types):
         raise TypeError(f"{name} must be {what}, not {value!r} ({type(value).__name__})")
@@ -398,34 +385,16 @@ def _resolve_route(
     dynamic_offload: Optional[bool],
     offload_type: Optional[str],
 ) -> Optional[str]:
-    """The seed library's route arguments as one ddo route (None: the settings decide)."""
-    if offload_type is not None and offload_type not in _OFFLOAD_TYPES:
-        raise ValueError(
-            f"offload_type={offload_type!r} is not valid; use 'block_level' or 'leaf_level'"
-        )
-    group_route = _OFFLOAD_TYPES[offload_type or "leaf_level"]
+    """The diffusers-style route arguments as one ddo route (None: the settings decide); the
+    rule is C++'s (ddo::core::resolve_route_arguments, config.h)."""
     if route is not None:
         _check_type("route", route, (str,), "a route name")
-        key = route.strip().lower()
-        if key == "auto":
-            route = None
-        elif key == "diffusers_group_offload":
-            route = group_route
-        elif key in _ROUTES:
-            route = _ROUTES[key]
-        else:
-            raise ValueError(
-                f"route={route!r} is not valid; use auto, dynamic_offload, linear_convolution, "
-                "diffusers_group_offload, none (or ddo's dynamic, group_block, group_leaf, "
-                "device)"
-            )
-    if route is None and group_offload:
-        route = group_route
-    if route is None and dynamic_offload:
-        route = "dynamic"
-    if route is None and dynamic_offload is False and group_offload is False:
-        route = "none"
-    return route
+    if offload_type is not None:
+        _check_type("offload_type", offload_type, (str,), "'block_level' or 'leaf_level'")
+    as_bool = lambda flag: None if flag is None else bool(flag)  # noqa: E731
+    return _C.resolve_route_arguments(
+        route, as_bool(group_offload), as_bool(dynamic_offload), offload_type
+    )
 
 
 def _native_settings(

@@ -175,6 +175,13 @@ class DynamicOffloadSettings:
         )
         return cls(native)
 
+    def with_overrides(self, **overrides: Any) -> "DynamicOffloadSettings":
+        """These settings with keyword ``overrides`` on their config (field names as in
+        ``from_env``): the preset, the component policies and the platform facts they were built
+        with are kept, and no environment is read (ddo::core::DynamicOffloadSettings::
+        with_overrides, the rule ``enable_offload(..., settings=s, **overrides)`` applies)."""
+        return DynamicOffloadSettings(self._native.with_overrides(overrides))
+
     @property
     def config(self) -> DynamicOffloadConfig:
         return self._config.replace()

@@ -214,11 +214,12 @@ def enable_pipeline_offload(
             wsl=running_on_wsl,
             **config_overrides,
         )
-    elif config_overrides:
-        # Same rule as enable_offload: overrides apply on top of the given settings.
-        settings = DynamicOffloadSettings.from_env(
-            settings.requested_preset, settings.config, **config_overrides
+    elif not isinstance(settings, DynamicOffloadSettings):
+        raise TypeError(
+            f"settings must be a DynamicOffloadSettings, not {type(settings).__name__}"
         )
+    elif config_overrides:
+        settings = settings.with_overrides(**config_overrides)
 
     # The routing rule is C++'s (route_pipeline, ddo/torch/pipeline_offload.h), the one
     # ddo::adapter::enable_pipeline_offload follows: Python only gathered the components.

@@ -26,7 +26,6 @@ Named profiles (``enable_offload(..., profile_name=...)``) do not need any of th
 from __future__ import annotations
 
 import copy
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -49,8 +48,6 @@ __all__ = [
 
 DYNAMIC_OFFLOAD_PROFILE_SCHEMA_VERSION = 1
 
-# The recommendation key the library's runtime applies (its named profiles store the same one).
-_BUDGET_KEY = "profile_resident_module_budget_gb"
 # Python recursion guard for the conversion below; ddo_core's own bound (64 levels) gives the
 # error for anything deeper than it, this only keeps the converter off Python's recursion limit.
 _MAX_CONVERT_DEPTH = 200
@@ -168,13 +165,6 @@ def get_dynamic_offload_profile_recommendation(
     return copy.deepcopy(dict(recommendation)) if isinstance(recommendation, Mapping) else None
 
 
-def _budget(recommendation: Optional[Mapping[str, Any]]) -> Optional[float]:
-    value = recommendation.get(_BUDGET_KEY) if recommendation else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
-
-
 class DynamicOffloadProfileSession:
     """One exact execution context plus a wider capacity context (the library's class).
 
@@ -220,31 +210,21 @@ class DynamicOffloadProfileSession:
         settings' resident budget. ddo has no separate profile-budget field, so the budget is
         written to ``resident_module_budget_gb``, capped by ``max_resident_module_budget_gb`` when
         that is positive (the cap on a saved recommendation: docs/design/0007-named-profiles.md,
-        section 3).
+        section 3). The recommendation is read from the execution context's file as it is at the
+        call. The rule is C++'s (DynamicOffloadProfileSession::apply_settings, host_context.h).
         """
         if not isinstance(settings, DynamicOffloadSettings):
             raise TypeError(
                 "apply_settings takes ddo.DynamicOffloadSettings (DynamicOffloadSettings.from_env"
                 f"(...)), not {type(settings).__name__}"
             )
-        config = settings.config
-        if allow_recommendation and config.resident_module_budget_gb > 0:
-            return settings, None
-        recommendation = (
-            get_dynamic_offload_profile_recommendation(self.execution_profile)
-            if self.execution_profile
-            else None
+        native, recommendation = self._native.apply_settings(
+            settings._native, bool(allow_recommendation)
         )
-        budget = _budget(recommendation)
-        if not allow_recommendation or budget is None:
+        # The settings object itself when nothing changed, as the library returns it.
+        if native.to_json() == settings._json:
             return settings, recommendation
-        cap = config.max_resident_module_budget_gb
-        if cap > 0:
-            budget = min(budget, cap)
-        applied = DynamicOffloadSettings.from_env(
-            settings.requested_preset, config.replace(resident_module_budget_gb=budget)
-        )
-        return applied, recommendation
+        return DynamicOffloadSettings(native), recommendation
 
     @staticmethod
     def recommend_resident_budget(

@@ -116,12 +116,35 @@ void bind_config(py::module_& m) {
            [](const core::DynamicOffloadSettings& s) {
              return from_json(core::config_to_json(s.config));
            })
+      .def(
+          "with_overrides",
+          [](const core::DynamicOffloadSettings& s, py::object overrides) {
+            json fields = overrides.is_none() ? json::object() : to_json(overrides, "overrides");
+            check_override_names(fields);
+            core::DynamicOffloadSettings out;
+            raise_status(s.with_overrides(fields, &out));
+            return out;
+          },
+          py::arg("overrides"))
       .def("policy_for",
            [](const core::DynamicOffloadSettings& s, const std::string& component) {
              return from_json(policy_json(s.policy_for(component)));
            })
       .def("available_ram_bytes", &core::DynamicOffloadSettings::available_ram_bytes)
       .def("total_ram_bytes", &core::DynamicOffloadSettings::total_ram_bytes);
+  m.def(
+      "resolve_route_arguments",
+      [](std::optional<std::string> route, std::optional<bool> group_offload,
+         std::optional<bool> dynamic_offload,
+         std::optional<std::string> offload_type) -> std::optional<std::string> {
+        std::optional<core::Route> out;
+        raise_status(core::resolve_route_arguments(
+            {std::move(route), group_offload, dynamic_offload, std::move(offload_type)}, &out));
+        if (!out) return std::nullopt;
+        return std::string(core::to_string(*out));
+      },
+      py::arg("route"), py::arg("group_offload"), py::arg("dynamic_offload"),
+      py::arg("offload_type"));
   m.def("component_env_key", [](const std::string& c) { return core::component_env_key(c); });
 }
 

@@ -113,6 +113,17 @@ void bind_legacy(py::module_& m) {
             raise_status(s.record_success(obs, rec));
           },
           py::arg("observation"), py::arg("recommendation") = py::none())
+      .def(
+          "apply_settings",
+          [](const DynamicOffloadProfileSession& s, const core::DynamicOffloadSettings& settings,
+             bool allow_recommendation) {
+            DynamicOffloadProfileSession::AppliedSettings applied =
+                s.apply_settings(settings, allow_recommendation);
+            return py::make_tuple(
+                std::move(applied.settings),
+                applied.recommendation ? from_json(*applied.recommendation) : py::none());
+          },
+          py::arg("settings"), py::arg("allow_recommendation"))
       .def("execution_record",
            [](const DynamicOffloadProfileSession& s) {
              return context_record_or_none(s.execution_record());

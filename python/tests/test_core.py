@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+import torch
 
 import ddo
 from ddo import _C
@@ -173,3 +174,35 @@ def test_legacy_host_context_session(profile_dir):
     assert str(session.execution_path.parent) == str(profile_dir)
     # Legacy contexts never show up as named profiles.
     assert ddo.list_profiles() == []
+
+
+def test_settings_built_from_a_config_take_overrides_everywhere(profile_dir, monkeypatch):
+    """Settings from a config report the preset "custom": an override on them (enable_offload's,
+    enable_pipeline_offload's, the session's saved budget) keeps what they were built with and
+    reads no environment (ddo::core::DynamicOffloadSettings::with_overrides)."""
+    config = ddo.DynamicOffloadConfig(
+        execution_device="sim", execution_mode="linear_runtime", max_resident_module_budget_gb=0.0
+    )
+    settings = ddo.DynamicOffloadSettings.from_env(config=config)
+    assert settings.requested_preset == "custom"
+    monkeypatch.setenv("DDO_RESIDENT_MODULE_BUDGET_GB", "1")  # not read by with_overrides
+    verbose = settings.with_overrides(verbose=True)
+    assert verbose.requested_preset == "custom" and verbose.config.verbose
+    assert verbose.config.resident_module_budget_gb == 0.0
+    assert not settings.config.verbose  # the original is unchanged
+    with pytest.raises(TypeError, match="no_such_field"):
+        settings.with_overrides(no_such_field=1)
+
+    pipe = {"transformer": torch.nn.Sequential(torch.nn.Linear(64, 64)).eval()}
+    offload = ddo.enable_pipeline_offload(pipe, settings=settings, verbose=True)
+    assert offload.components["transformer"].settings.config.verbose
+    offload.remove()
+
+    session = ddo.DynamicOffloadProfileSession({"model": "flux"}, {"model": "flux"})
+    session.record_success({"status": "success"},
+                           recommendation={"profile_resident_module_budget_gb": 5.0})
+    applied, recommendation = session.apply_settings(settings)
+    assert recommendation == {"profile_resident_module_budget_gb": 5.0}
+    assert applied.requested_preset == "custom"
+    assert applied.config.resident_module_budget_gb == 5.0
+    assert applied.config.execution_device == "sim"

@@ -81,3 +81,22 @@ def test_python_entry_point_follows_the_router(monkeypatch):
     with pytest.raises(ddo.NotFoundError, match="'unet' is not a component"):
         ddo.enable_pipeline_offload(pipe, profile_component="unet", **STREAM_ALL)
     assert not _C.is_managed(pipe["transformer"].blocks[0][0].weight)
+
+
+def test_route_names_are_read_by_one_rule(monkeypatch):
+    """The diffusers route names are core's (parse_route, resolve_route_arguments): the same
+    spellings work as route=, in DDO_<COMPONENT>_ROUTE, and fail with one message."""
+    monkeypatch.setenv("DDO_VAE_ROUTE", "diffusers_group_offload")
+    monkeypatch.setenv("DDO_TEXT_ENCODER_ROUTE", "linear_convolution")
+    r = route(["text_encoder", "vae"], execution_device="sim")
+    assert [c["route"] for c in r["components"]] == ["dynamic", "group_leaf"]
+    model = TinyNet().eval()
+    offload = ddo.enable_offload(model, route="diffusers_group_offload", offload_type="block_level",
+                                 **STREAM_ALL)
+    assert offload.settings.config.route == "group_block"
+    offload.remove()
+    with pytest.raises(ValueError, match=r'route "fast" is not one of .*; or auto'):
+        ddo.enable_offload(model, route="fast", **STREAM_ALL)
+    with pytest.raises(ValueError, match=r'offload_type="block" is not valid'):
+        ddo.enable_offload(model, group_offload=True, offload_type="block", **STREAM_ALL)
+    assert not _C.is_managed(model.blocks[0][0].weight)

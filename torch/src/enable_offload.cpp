@@ -30,12 +30,7 @@ core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
                                               const core::EnvMap& env) {
   core::DynamicOffloadSettings settings;
   if (options.settings) {
-    settings = *options.settings;
-    if (!options.overrides.is_null() && !options.overrides.empty()) {
-      core::DynamicOffloadConfig config = settings.config;
-      throw_if_error(core::apply_overrides(&config, options.overrides));
-      settings.config = config;
-    }
+    throw_if_error(options.settings->with_overrides(options.overrides, &settings));
   } else {
     core::SettingsRequest request;
     request.preset = options.preset;

@@ -126,6 +126,10 @@ Measurement measure_peak(const MeasurementInputs& inputs);
 /// max(0, total - peak - headroom), in GiB.
 double recommend_resident_budget_gb(double total_gb, double peak_gb, double headroom_gb);
 
+/// A saved resident budget as a run may apply it: at most max_resident_budget_gb when that is
+/// positive (the cap on a saved recommendation, docs/design/0007-named-profiles.md, section 3).
+double cap_saved_budget_gb(double budget_gb, double max_resident_budget_gb);
+
 /// The SDNQ probe ceiling: max_resident_budget_gb when positive else 6 GiB, never above
 /// total - headroom (and never below 0).
 double sdnq_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb);

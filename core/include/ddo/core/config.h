@@ -175,10 +175,34 @@ const char* to_string(Selection selection);      ///< see to_string(ExecutionMod
 /// Parse the spellings above (case-insensitive, surrounding blanks ignored). On failure `out` is
 /// unchanged and the kInvalidArgument message lists the valid spellings.
 Status parse_execution_mode(std::string_view text, ExecutionMode* out);
-Status parse_route(std::string_view text, Route* out);  ///< see parse_execution_mode
+/// See parse_execution_mode; also accepts dynamic_offload and linear_convolution (kDynamic) and
+/// diffusers_group_offload (kGroupLeaf), the diffusers offloading vocabulary, wherever a route is
+/// read.
+Status parse_route(std::string_view text, Route* out);
 /// See parse_execution_mode.
 Status parse_auto_budget_policy(std::string_view text, AutoBudgetPolicy* out);
 Status parse_selection(std::string_view text, Selection* out);  ///< see parse_execution_mode
+
+/// The route arguments of the diffusers-style entry points (Python's enable_offload: route=,
+/// group_offload=, dynamic_offload=, offload_type=); every member is optional.
+struct RouteArguments {
+  std::optional<std::string> route{};         ///< a route (parse_route) or "auto"
+  std::optional<bool> group_offload{};        ///< true: the group route offload_type names
+  std::optional<bool> dynamic_offload{};      ///< true: dynamic
+  std::optional<std::string> offload_type{};  ///< "block_level" or "leaf_level" (the default)
+};
+
+/// The one route those arguments ask for, or nullopt (the settings decide): `route` wins unless
+/// it is "auto", and diffusers_group_offload follows offload_type; else group_offload=true gives
+/// the group route, dynamic_offload=true kDynamic, both false kNone. kInvalidArgument names the
+/// bad argument and the valid values; `out` is unchanged then.
+///
+/// ```
+/// std::optional<Route> r;
+/// resolve_route_arguments({.group_offload = true, .offload_type = "block_level"}, &r);
+/// // r == Route::kGroupBlock
+/// ```
+Status resolve_route_arguments(const RouteArguments& args, std::optional<Route>* out);
 
 /// The valid values of `load_safetensors_backend`: "" (ddo chooses), "mmap", "pread".
 bool is_valid_safetensors_backend(std::string_view backend);

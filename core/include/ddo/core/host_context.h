@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ddo/core/profile_store.h"
+#include "ddo/core/settings.h"
 #include "ddo/core/status.h"
 
 namespace ddo::core {
@@ -146,6 +147,20 @@ class DynamicOffloadProfileSession {
   /// `recommendation`, when given, with the execution context only.
   Status record_success(const nlohmann::json& observation,
                         const std::optional<nlohmann::json>& recommendation = std::nullopt);
+
+  /// Settings with the stored resident budget applied, and the recommendation they came from.
+  struct AppliedSettings {
+    DynamicOffloadSettings settings;  ///< the settings, with the budget when one was applied
+    std::optional<nlohmann::json> recommendation;  ///< the execution context's, when stored
+  };
+  /// Python's DynamicOffloadProfileSession.apply_settings: a positive manual
+  /// resident_module_budget_gb wins (the settings unchanged, no recommendation). Otherwise the
+  /// execution context's recommendation is returned and, with `allow_recommendation`, its
+  /// `profile_resident_module_budget_gb` (a finite number >= 0; anything else is no budget) becomes
+  /// the settings' resident_module_budget_gb, capped by cap_saved_budget_gb (calibration.h). Throws
+  /// ddo::Error like DynamicOffloadSettings::with_overrides.
+  AppliedSettings apply_settings(const DynamicOffloadSettings& settings,
+                                 bool allow_recommendation = true) const;
 
   /// The execution context's file; nullopt when absent.
   std::optional<ContextRecord> execution_record() const;

@@ -268,6 +268,10 @@ bool is_valid_profile_key(std::string_view key);
 /// Whether a capacity file's "context" is a named profile's identity rather than a host context.
 bool is_named_profile_context(const nlohmann::json& context);
 
+/// The recommendation's key for the resident budget, in the library's files and in a host
+/// context's recommendation (host_context.h).
+inline constexpr std::string_view kRecommendedBudgetKey = "profile_resident_module_budget_gb";
+
 /// The budget a profile recommends and how it was measured. In the file (the library's form):
 /// {"profile_resident_module_budget_gb": budget, "sdnq_probe_resident_budget_gb": probe (only
 /// while a probe is pending), ...ddo's fields below by name}. A file the library wrote holds only

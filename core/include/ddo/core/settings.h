@@ -105,6 +105,20 @@ struct DynamicOffloadSettings {
   static Status resolve(const SettingsRequest& request, const EnvMap& env,
                         DynamicOffloadSettings* out);
 
+  /// These settings with keyword `overrides` applied to `config` (by field name, as
+  /// request.overrides; config.h: apply_overrides), validated, and the platform facts that follow
+  /// from the config (pin_requested, pin_effective, side_streams_effective) derived again. The
+  /// preset, the component policies and the WSL fact are kept: no environment is read, so
+  /// settings built from a config ("custom") or another process's environment keep what they
+  /// were built with. `out` is unchanged on error.
+  ///
+  /// ```
+  /// DynamicOffloadSettings s = DynamicOffloadSettings::from_env({.config =
+  /// DynamicOffloadConfig{}}); DynamicOffloadSettings t; s.with_overrides({{"verbose", true}}, &t);
+  /// // t.requested_preset == "custom", t.config.verbose
+  /// ```
+  Status with_overrides(const nlohmann::json& overrides, DynamicOffloadSettings* out) const;
+
   /// The component's policy: its `DDO_<COMPONENT>_ROUTE` when set; else the route its
   /// `DDO_<COMPONENT>_PRESET` implies (off -> none, diffusers_*_compat -> group routes, others ->
   /// dynamic); else this settings' own `config.route`.
