@@ -227,6 +227,9 @@ def enable_pipeline_offload(
         settings._native, list(modules), profile_component or "", execution_device or ""
     )
     routes = {c["name"]: c["route"] for c in routing["components"]}
+    # Each component's settings (its route, the shared device, the profile options on the
+    # profiled one only) are C++'s too: PipelineRouting::settings_for.
+    component_settings = dict(zip(routes, routing["settings"]))
     profiled = routing["profiled"]
     device_name = routing["execution_device"]
     device = (
@@ -242,20 +245,17 @@ def enable_pipeline_offload(
             if route == "none":
                 done[name] = None
                 continue
-            overrides: dict[str, Any] = {"route": route}
             is_profiled = name == profiled
-            if not is_profiled:
-                overrides.update(profile_name="", build_profile=False)
             done[name] = _enable(
                 module,
                 preset=None,
                 profile_name=profile_name if is_profiled else None,
                 build_profile=build_profile if is_profiled else False,
-                settings=settings,
+                settings=DynamicOffloadSettings(component_settings[name]),
                 config=None,
                 execution_device=device_name,
                 record_event=record_event,
-                overrides=overrides,
+                overrides={},
                 device=device,
                 label=name,
             )

@@ -211,15 +211,22 @@ void bind_offload(py::module_& m) {
         for (const adapter::PipelineRouting::Component& c : routing.components) {
           components.push_back({{"name", c.name}, {"route", core::to_string(c.route)}});
         }
-        return from_json({{"components", std::move(components)},
-                          {"profiled", routing.profiled},
-                          {"execution_device", routing.execution_device},
-                          {"open_device", routing.open_device}});
+        py::dict out = from_json({{"components", std::move(components)},
+                                  {"profiled", routing.profiled},
+                                  {"execution_device", routing.execution_device},
+                                  {"open_device", routing.open_device}});
+        py::list each;
+        for (std::size_t i = 0; i < routing.components.size(); ++i) {
+          each.append(py::cast(routing.settings_for(settings, i)));
+        }
+        out["settings"] = each;
+        return out;
       },
       py::arg("settings"), py::arg("names"), py::arg("profile_component") = "",
       py::arg("execution_device") = "",
-      "{components: [{name, route}], profiled, execution_device, open_device} for a pipeline's "
-      "components under `settings` (route_pipeline in ddo/torch/pipeline_offload.h).");
+      "{components: [{name, route}], profiled, execution_device, open_device, settings: [the "
+      "Settings each component is attached with]} for a pipeline's components under `settings` "
+      "(route_pipeline and PipelineRouting::settings_for in ddo/torch/pipeline_offload.h).");
 
   // The process-lifetime caches (ddo/torch/weight_cache.h).
   m.def("pinned_weight_cache_stats",

@@ -100,3 +100,16 @@ def test_route_names_are_read_by_one_rule(monkeypatch):
     with pytest.raises(ValueError, match=r'offload_type="block" is not valid'):
         ddo.enable_offload(model, group_offload=True, offload_type="block", **STREAM_ALL)
     assert not _C.is_managed(model.blocks[0][0].weight)
+
+
+def test_each_components_settings_come_from_the_router(monkeypatch):
+    """PipelineRouting::settings_for: the component's route and the shared device; the profile
+    options stay on the profiled component only."""
+    monkeypatch.setenv("DDO_VAE_ROUTE", "device")
+    settings = ddo.DynamicOffloadSettings.from_env(profile_name="w", execution_device="sim")
+    r = _C.route_pipeline(settings._native, ["transformer", "vae"], "", "sim:2")
+    per = [ddo.DynamicOffloadSettings(s).config for s in r["settings"]]
+    assert [(c.route, c.execution_device, c.profile_name) for c in per] == [
+        ("dynamic", "sim:2", "w"),
+        ("device", "sim:2", ""),
+    ]

@@ -48,6 +48,20 @@ PipelineRouting route_pipeline(const core::DynamicOffloadSettings& settings,
   return routing;
 }
 
+core::DynamicOffloadSettings PipelineRouting::settings_for(
+    const core::DynamicOffloadSettings& shared, std::size_t index) const {
+  DDO_CHECK(index < components.size(), Code::kInvalidArgument, "pipeline component index ", index,
+            " is out of range: the pipeline has ", components.size(), " components");
+  core::DynamicOffloadSettings s = shared;
+  s.config.route = components[index].route;
+  s.config.execution_device = execution_device;
+  if (components[index].name != profiled) {
+    s.config.profile_name.clear();
+    s.config.build_profile = false;
+  }
+  return s;
+}
+
 std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
     const OffloadOptions& options, const std::string& profile_component) {
@@ -70,7 +84,6 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
   }
   const PipelineRouting routing =
       route_pipeline(settings, names, profile_component, options.execution_device);
-  settings.config.execution_device = routing.execution_device;
 
   auto pipe = std::unique_ptr<PipelineOffload>(new PipelineOffload());
   pipe->profiled_ = routing.profiled;
@@ -86,11 +99,11 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
   if (!device && routing.open_device) {
     device = open_execution_device(routing.execution_device, settings.config);
   }
-  for (auto& c : pipe->components_) {
+  for (std::size_t i = 0; i < pipe->components_.size(); ++i) {
+    PipelineOffload::Component& c = pipe->components_[i];
     if (c.route == core::Route::kNone) continue;
     OffloadOptions o;
-    o.settings = settings;
-    o.settings->config.route = c.route;
+    o.settings = routing.settings_for(settings, i);
     o.overrides = options.overrides;
     o.execution_device = routing.execution_device;
     o.record_event = options.record_event;
@@ -100,9 +113,6 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
       o.profile_name = options.profile_name;
       o.build_profile = options.build_profile;
       o.model_class = options.model_class;
-    } else {
-      o.settings->config.profile_name.clear();
-      o.settings->config.build_profile = false;
     }
     c.offload = enable_offload(c.module, o);
   }

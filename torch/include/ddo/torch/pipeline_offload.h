@@ -15,6 +15,7 @@
 /// ```
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ struct PipelineRouting {
   /// True when the components execute, so one device is opened and shared: the settings are
   /// enabled, the mode is not plan and the device is not "cpu".
   bool open_device = false;
+
+  /// The settings component `index` is attached with: `shared` on the component's route and the
+  /// shared execution device, and without profile_name / build_profile unless it is the profiled
+  /// one (the caller passes the profile options to that one alone).
+  core::DynamicOffloadSettings settings_for(const core::DynamicOffloadSettings& shared,
+                                            std::size_t index) const;
 };
 
 /// Routes the components `names` under `settings`; `execution_device` ("" = the settings') and
