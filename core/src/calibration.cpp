@@ -168,19 +168,10 @@ json ProfileReport::to_json() const {
 // ---------------------------------------------------------------------------------------------
 
 std::optional<std::string> normalize_calibration_device(std::string_view device) {
-  for (std::string_view type : {"cuda", "sim"}) {
-    if (device == type) return fmt::format("{}:0", type);
-    if (device.size() > type.size() + 1 && device.starts_with(type) && device[type.size()] == ':') {
-      std::string_view index = device.substr(type.size() + 1);
-      if (std::all_of(index.begin(), index.end(),
-                      [](unsigned char c) { return std::isdigit(c) != 0; })) {
-        // Strip leading zeros so "cuda:00" and "cuda:0" share one region lock.
-        const std::size_t first = std::min(index.find_first_not_of('0'), index.size() - 1);
-        return fmt::format("{}:{}", type, index.substr(first));
-      }
-    }
-  }
-  return std::nullopt;
+  DeviceName name;
+  if (!parse_device_name("execution_device", device, &name).ok()) return std::nullopt;
+  if (name.type == DeviceType::kCpu) return std::nullopt;
+  return name.str();  // "cuda:00" and "cuda:0" share one region lock
 }
 
 namespace {

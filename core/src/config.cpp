@@ -907,25 +907,4 @@ Status check_module_pattern(std::string_view source, std::size_t index,
   return fields::check_module_pattern(source, index, pattern);
 }
 
-// Issue 18: the adapter read the index with std::stoi, so "sim:99999999999" surfaced as
-// std::out_of_range("stoi"), naming neither the value nor where it came from.
-Status check_device_index(std::string_view source, std::string_view device) {
-  const std::size_t colon = device.find(':');
-  if (colon == std::string_view::npos) return Status::ok_status();
-  const std::string_view kind = device.substr(0, colon);
-  if (kind != "cuda" && kind != "sim") return Status::ok_status();
-  const std::string_view index = device.substr(colon + 1);
-  int n = 0;
-  const bool digits = !index.empty() && std::all_of(index.begin(), index.end(),
-                                                    [](char c) { return c >= '0' && c <= '9'; });
-  const auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), n);
-  if (digits && ec == std::errc() && end == index.data() + index.size() && n <= kMaxDeviceIndex) {
-    return Status::ok_status();
-  }
-  return Status(Code::kInvalidArgument,
-                internal::str_cat(source, " '", device, "': the index '", index,
-                                  "' is not a number from 0 to ", kMaxDeviceIndex, "; write e.g. ",
-                                  kind, ":0"));
-}
-
 }  // namespace ddo::core

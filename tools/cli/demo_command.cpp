@@ -14,7 +14,6 @@
 // says otherwise, apart from the user's workloads. The preset is --preset, else DDO_PRESET, else
 // auto, like every other ddo entry point (settings.h).
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -67,28 +66,25 @@ double gib(double bytes) {
 }
 
 // Checks --device: "sim", "sim:N", "cuda" or "cuda:N" with N an index (core's one rule,
-// check_device_index), and for CUDA that a GPU with that index is there. Throws ddo::Error naming
+// core::DeviceName), and for CUDA that a GPU with that index is there. Throws ddo::Error naming
 // the text and what to write instead.
-void check_device(const std::string& device) {
-  std::string_view kind = device;
-  if (const std::size_t colon = device.find(':'); colon != std::string::npos) {
-    kind = std::string_view(device).substr(0, colon);
-  }
-  DDO_CHECK(kind == "sim" || kind == "cuda", Code::kInvalidArgument, "--device '", device,
-            "' is not a device the demo runs on; use sim (the host simulation) or cuda:N (a GPU)");
+core::DeviceName check_device(const std::string& device) {
   throw_if_error(core::check_device_index("--device", device));
-  int n = 0;  // the index, now known to be digits in range
-  if (const std::size_t colon = device.find(':'); colon != std::string::npos) {
-    std::from_chars(device.data() + colon + 1, device.data() + device.size(), n);
-  }
-  if (kind == "cuda") {
+  core::DeviceName name;
+  DDO_CHECK(core::parse_device_name("--device", device, &name).ok() &&
+                name.type != core::DeviceType::kCpu,
+            Code::kInvalidArgument, "--device '", device,
+            "' is not a device the demo runs on; use sim (the host simulation) or cuda:N (a GPU)");
+  if (name.type == core::DeviceType::kCuda) {
     DDO_CHECK(engine::cuda_available(), Code::kUnavailable, "--device '", device,
               "': no CUDA GPU is usable here (none found, or this ddo was built without CUDA); "
               "use --device sim to run the demo on the host simulation");
     const auto gpus = static_cast<int>(torch::cuda::device_count());
-    DDO_CHECK(n < gpus, Code::kInvalidArgument, "--device '", device, "': this machine has ", gpus,
-              " CUDA GPU(s), cuda:0 to cuda:", gpus - 1, "; or use --device sim");
+    DDO_CHECK(name.index < gpus, Code::kInvalidArgument, "--device '", device,
+              "': this machine has ", gpus, " CUDA GPU(s), cuda:0 to cuda:", gpus - 1,
+              "; or use --device sim");
   }
+  return name;
 }
 
 // Note [Demo card]
@@ -276,8 +272,7 @@ int run_demo(const DemoArgs& args) {
   using adapter::testing::FluxDiTOptions;
   std::string device = args.device;
   if (device.empty()) device = engine::cuda_available() ? "cuda:0" : "sim";
-  check_device(device);
-  const bool sim = device.rfind("sim", 0) == 0;
+  const bool sim = check_device(device).type == core::DeviceType::kSim;
   FluxDiTOptions opts = FluxDiTOptions::preset(args.size);
   if (sim) {
     // Note [Demo card]: so that the host's compute does not hide the copies.

@@ -62,9 +62,6 @@ inline void print_decisions(const OffloadState& s) {
   std::fputs(out.c_str(), stderr);
 }
 
-// "cuda:3" -> 3, "sim" -> 0 (a name normalize_device_name returned).
-int device_index(const std::string& normalized);
-
 // Bytes per value of an SDNQ layer's dequantized weight on this offload's device (Note
 // [Dequantized temporaries] in core/src/inventory.cpp): the kernel's result dtype, or the
 // reference path's float32 intermediates.

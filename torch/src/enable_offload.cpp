@@ -107,15 +107,16 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   // that looks like one of ddo's but is not read): a warning each (a Python UserWarning).
   for (const std::string& warning : s->settings.warnings) TORCH_WARN("ddo: ", warning);
   core::DynamicOffloadConfig& config = s->settings.config;
-  s->device_name = internal::normalize_device_name(config.execution_device);
+  core::DeviceName device;
+  throw_if_error(core::parse_device_name("execution_device", config.execution_device, &device));
+  s->device_name = device.str();
   config.execution_device = s->device_name;
   const bool plan_only =
       config.execution_mode == core::ExecutionMode::kPlan || !s->settings.enabled;
   s->executing = !plan_only;
-  if (s->device_name.rfind("cuda", 0) == 0) {
+  if (device.type == core::DeviceType::kCuda) {
     s->kind = engine::DeviceKind::kCuda;
-    s->torch_device = c10::Device(
-        c10::kCUDA, static_cast<c10::DeviceIndex>(internal::device_index(s->device_name)));
+    s->torch_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index));
   } else {
     s->kind = engine::DeviceKind::kSim;
     s->torch_device = c10::Device(c10::kCPU);
@@ -150,7 +151,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
       s->counting = std::make_unique<ScopedCountingCpuAllocator>(
           CountingCpuAllocatorOptions{.device = s->device.get()});
     } else {
-      throw_if_error(make_cuda_memory_probe(internal::device_index(s->device_name), &s->probe));
+      throw_if_error(make_cuda_memory_probe(s->torch_device.index(), &s->probe));
       total_vram = s->probe->snapshot().total_bytes;
     }
   } else if (s->kind == engine::DeviceKind::kSim) {

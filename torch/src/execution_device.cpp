@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
+#include "ddo/core/device_name.h"
 #include "ddo/core/units.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
@@ -31,39 +32,20 @@ double gib(std::int64_t bytes) {
 }
 
 std::string normalize_device_name(const std::string& device) {
-  if (device == "cpu") return device;
-  for (const char* prefix : {"sim", "cuda"}) {
-    const std::string p(prefix);
-    if (device == p) return p + ":0";
-    if (device.rfind(p + ":", 0) == 0) {
-      // The one index rule (core::check_device_index): digits, 0 to kMaxDeviceIndex.
-      throw_if_error(core::check_device_index("execution_device", device));
-      return device;
-    }
-  }
-  throw Error(Code::kInvalidArgument,
-              ddo::internal::str_cat("execution_device \"", device,
-                                     "\" is not a device ddo executes on; use \"cuda:N\" (a GPU), "
-                                     "\"sim\" / \"sim:N\" (the host simulation) or \"cpu\" (plan "
-                                     "mode only)"));
-}
-
-int device_index(const std::string& normalized) {
-  const auto colon = normalized.find(':');
-  if (colon == std::string::npos) return 0;
-  // normalize_device_name checked the digits and the range (core::check_device_index).
-  int index = 0;
-  for (const char c : normalized.substr(colon + 1)) index = index * 10 + (c - '0');
-  return index;
+  core::DeviceName name;
+  throw_if_error(core::parse_device_name("execution_device", device, &name));
+  return name.str();
 }
 
 }  // namespace internal
 
 std::shared_ptr<engine::Device> open_execution_device(const std::string& execution_device,
                                                       const core::DynamicOffloadConfig& config) {
-  const std::string name = internal::normalize_device_name(execution_device);
-  const int index = internal::device_index(name);
-  if (name.rfind("sim", 0) == 0) {
+  core::DeviceName device;
+  throw_if_error(core::parse_device_name("execution_device", execution_device, &device));
+  const std::string name = device.str();
+  const int index = device.index;
+  if (device.type == core::DeviceType::kSim) {
     engine::SimDeviceOptions o;
     o.index = index;
     if (config.sim_device_capacity_gb > 0) {
@@ -79,7 +61,7 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
     o.copy_bytes_per_second = config.sim_copy_gbps * 1e9;
     return std::shared_ptr<engine::Device>(engine::make_sim_device(o));
   }
-  DDO_CHECK(name.rfind("cuda", 0) == 0, Code::kInvalidArgument, "execution_device \"",
+  DDO_CHECK(device.type == core::DeviceType::kCuda, Code::kInvalidArgument, "execution_device \"",
             execution_device,
             "\" cannot execute an offload; \"cpu\" is for plan mode only "
             "(execution_mode=plan); use \"cuda:N\" or \"sim\"");

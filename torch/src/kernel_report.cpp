@@ -11,7 +11,7 @@ namespace ddo::adapter::internal {
 
 nlohmann::json kernels_report(const std::string& device_name) {
   nlohmann::json out = nlohmann::json::object();
-  // normalize_device_name checked the name and its index (core::check_device_index).
+  // normalize_device_name gave the canonical name (core::DeviceName).
   const bool cuda = device_name.rfind("cuda:", 0) == 0;
   const c10::Device device = cuda ? c10::Device(device_name) : c10::Device(c10::kCPU);
   sdnq::KernelStatus dequantize;

@@ -144,7 +144,8 @@ nlohmann::json close_region(RegionState& region, bool normally, bool out_of_memo
 core::DynamicOffloadSettings resolve_settings(const OffloadOptions& options,
                                               const core::EnvMap& env);
 
-// "sim" -> "sim:0", "cuda" -> "cuda:0"; throws kInvalidArgument for anything else but "cpu".
+// The canonical name (core::DeviceName::str: "sim" -> "sim:0", "cuda:03" -> "cuda:3", "cpu");
+// throws kInvalidArgument for anything else (core::parse_device_name's message).
 std::string normalize_device_name(const std::string& device);
 
 double gib(std::int64_t bytes);

@@ -34,6 +34,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "ddo/core/device_name.h"  // check_device_index: execution_device
 #include "ddo/core/status.h"
 #include "ddo/core/units.h"  // kGiB, to_bytes: the unit of every *_gb / *_mb field
 
@@ -247,21 +248,5 @@ Status validate_config(const DynamicOffloadConfig& config);
 /// ..."
 /// ```
 Status check_module_pattern(std::string_view source, std::size_t index, const std::string& pattern);
-
-/// The largest device index ddo accepts in "cuda:N" and "sim:N": far above any machine, small
-/// enough for an int in every layer.
-inline constexpr int kMaxDeviceIndex = 1023;
-
-/// The check of a device name's index, done once for every entry point (validate_config for
-/// execution_device, the `ddo demo --device` option): in "cuda:N" and "sim:N", N must be decimal
-/// digits worth 0 to kMaxDeviceIndex. Other names ("cpu", "cuda", "sim") pass; the layer that
-/// opens the device judges them. The message names `source`, the text and the range.
-///
-/// ```
-/// check_device_index("--device", "sim:99999999999").message();
-/// // "--device 'sim:99999999999': the index '99999999999' is not a number from 0 to 1023;
-/// //  write e.g. sim:0"
-/// ```
-Status check_device_index(std::string_view source, std::string_view device);
 
 }  // namespace ddo::core
