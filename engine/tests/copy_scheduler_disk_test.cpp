@@ -272,280 +272,48 @@ TEST_P(DiskTier, ReadsRunAheadOnceTheTraceIsLearned) {
   o.max_bytes = 64 << 10;
   o.scheduler = window(256 << 10);
   auto r = rig(o);
-  r->read_delay_us = 1000;  // a 1 ms read; two readers; each op takes 2 ms
   ASSERT_TRUE(r->scheduler->finalize().ok());
   const auto order = r->identity();
-  const microseconds op(2000);
-  ASSERT_EQ(r->run(order, op), 0);  // learning: every disk unit is read on demand
+  ASSERT_EQ(r->run(order), 0);  // learning: every disk unit is read on demand
   SchedulerStats st = r->scheduler->stats();
   EXPECT_EQ(st.disk_waits, r->disk_count);
-  EXPECT_GT(st.disk_wait_ms, 0.0);
-  ASSERT_EQ(r->run(order, op), 0);
-  r->scheduler->reset_stats();
-  const int calls_here_before = [&] {
-    int n = 0;
-    for (const auto& s : r->sources) n += s->calls_here.load();
-    return n;
-  }();
-  for (int step = 0; step < 4; ++step) ASSERT_EQ(r->run(order, op), 0);
-  st = r->scheduler->stats();
-  // Reads land before their acquires: at most a stray one waits (a loaded machine, TSan).
-  EXPECT_LE(st.disk_waits, 4 * r->disk_count / 10) << st.disk_waits << " of " << 4 * r->disk_count;
-  EXPECT_LT(st.disk_wait_ms, 4 * r->disk_count * 1.0);
-  int calls_here = -calls_here_before;
-  for (const auto& s : r->sources) calls_here += s->calls_here.load();
-  EXPECT_LE(calls_here, st.disk_waits);  // reads ran on the reader threads
-  EXPECT_EQ(st.prefetch_hits + st.on_demand, st.acquires);
-  EXPECT_GE(st.prefetch_hits, st.acquires * 8 / 10);
-}
-
-TEST_P(DiskTier, RingOfExactlyTwiceTheLargestDiskUnitStreams) {
-  for (const std::size_t max_bytes : {std::size_t{48} << 10, (std::size_t{48} << 10) + 77}) {
-    DiskRigOptions o;
-    o.units = 16;
-    o.disk_every = 2;
-    o.min_bytes = 8 << 10;
-    o.max_bytes = max_bytes;
-    o.scheduler = window(128 << 10);
-    // Slow copies: regions are still being copied out of when the read-ahead wants them back.
-    o.bytes_per_second = 100e6;
-    auto r = rig(o);
-    SchedulerOptions options = o.scheduler;
-    options.disk_ring_bytes = 2 * r->largest_disk;
-    r->scheduler = r->make_scheduler(options);
-    ASSERT_TRUE(r->scheduler->finalize().ok());
-    EXPECT_EQ(r->scheduler->stats().disk_ring_bytes,
-              static_cast<std::int64_t>(core::align_up(2 * r->largest_disk, 256)));
-    const auto order = r->identity();
-    for (int step = 0; step < 8; ++step) ASSERT_EQ(r->run(order), 0) << "step " << step;
-    EXPECT_GE(r->scheduler->stats().disk_bytes_read, static_cast<std::int64_t>(8 * r->disk_bytes));
-    EXPECT_GT(r->scheduler->stats().prefetch_hits, 0);
-  }
-}
-
-TEST_P(DiskTier, RingHoldingEveryDiskUnitReadsEachOnlyOnce) {
-  DiskRigOptions o;
-  o.units = 12;
-  o.disk_every = 2;
-  o.scheduler = window(96 << 10);  // staging keeps no unit from one step to the next
-  auto r = rig(o);
-  std::size_t all_disk = 0;
-  for (int id : r->disk_ids()) all_disk += core::align_up(r->sources[id]->data.size(), 256);
-  SchedulerOptions options = o.scheduler;
-  options.disk_ring_bytes = all_disk;
-  r->scheduler = r->make_scheduler(options);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  const auto order = r->identity();
   ASSERT_EQ(r->run(order), 0);
-  EXPECT_EQ(r->total_calls(), r->disk_count);
   r->scheduler->reset_stats();
-  for (int step = 0; step < 5; ++step) ASSERT_EQ(r->run(order), 0);
-  // Bytes are bytes (Note [Disk tier]): a landed region serves every later copy of its unit.
-  EXPECT_EQ(r->total_calls(), r->disk_count);
-  const SchedulerStats st = r->scheduler->stats();
-  EXPECT_EQ(st.disk_bytes_read, 0);
-  EXPECT_EQ(st.disk_waits, 0);
-  EXPECT_GE(st.bytes_copied, static_cast<std::int64_t>(4 * r->disk_bytes));  // copied each step
-}
-
-TEST_P(DiskTier, DefaultRingIsTheWindowPlusTwoLargestAtMostAllDiskUnits) {
-  DiskRigOptions o;
-  o.units = 12;
-  o.disk_every = 2;
-  o.scheduler = window(1 << 20);
-  auto r = rig(o);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  std::size_t all_disk = 0;
-  for (int id : r->disk_ids()) all_disk += core::align_up(r->sources[id]->data.size(), 256);
-  EXPECT_EQ(r->scheduler->stats().disk_ring_bytes, static_cast<std::int64_t>(all_disk));
-  o.scheduler = window(64 << 10);
-  auto small = rig(o);
-  ASSERT_TRUE(small->scheduler->finalize().ok());
-  EXPECT_EQ(small->scheduler->stats().disk_ring_bytes,
-            static_cast<std::int64_t>((64 << 10) + 2 * core::align_up(small->largest_disk, 256)));
-  EXPECT_EQ(small->run(small->identity()), 0);
-}
-
-// An acquire that reads on demand into the oldest region while a read-ahead still writes it must
-// wait for that read first (Note [Disk tier], reusing a region).
-TEST_P(DiskTier, AnOnDemandReadNeverWritesWhereARunningReadWrites) {
-  DiskRigOptions o;
-  o.units = 8;
-  o.disk_every = 1;  // all on disk
-  o.min_bytes = 64 << 10;
-  o.max_bytes = 64 << 10;
-  o.scheduler = window(64 << 10);
-  auto r = rig(o);
-  SchedulerOptions options = o.scheduler;
-  options.disk_ring_bytes = 2 * r->largest_disk;
-  r->scheduler = r->make_scheduler(options);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  const auto order = r->identity();
-  for (int step = 0; step < 2; ++step) ASSERT_EQ(r->run(order), 0);
-  r->reader_thread_delay_us = 50000;
-  ASSERT_TRUE(r->step(0));  // the read-ahead of units 1 and 2 fills the ring; both run
-  std::this_thread::sleep_for(milliseconds(5));
-  ASSERT_TRUE(r->step(5));  // out of order: read here, into the ring the reads of 1 and 2 hold
-  EXPECT_EQ(r->reads_into_memory_being_read.load(), 0);
-  r->reader_thread_delay_us = 0;
-  for (int step = 0; step < 2; ++step) ASSERT_EQ(r->run(order), 0);
-  EXPECT_EQ(r->reads_into_memory_being_read.load(), 0);
-  EXPECT_EQ(r->overlapping_reads_of_one_unit.load(), 0);
-}
-
-TEST_P(DiskTier, OrderMissesAndRelearnStayExact) {
-  DiskRigOptions o;
-  o.units = 20;
-  o.disk_every = 2;
-  o.min_bytes = 8 << 10;
-  o.max_bytes = 48 << 10;
-  o.scheduler = window(160 << 10);
-  auto r = rig(o);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  std::vector<int> base = r->identity();
-  for (int step = 0; step < 3; ++step) ASSERT_EQ(r->run(base), 0);
-  ASSERT_EQ(r->scheduler->stats().relearns, 0);
-
-  // A swap, then a new order: misses, a relearn, and a settled steady state on the new order.
-  std::vector<int> swapped = base;
-  std::swap(swapped[6], swapped[7]);
-  for (int step = 0; step < 2; ++step) ASSERT_EQ(r->run(swapped), 0);
-  std::vector<int> shuffled = base;
-  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(11));
-  r->scheduler->reset_stats();
-  for (int step = 0; step < 8; ++step) ASSERT_EQ(r->run(shuffled), 0);
-  SchedulerStats st = r->scheduler->stats();
-  EXPECT_GT(st.order_misses, 0);
-  EXPECT_GE(st.relearns, 1);
-  r->scheduler->reset_stats();
-  for (int step = 0; step < 3; ++step) ASSERT_EQ(r->run(shuffled), 0);
-  st = r->scheduler->stats();
-  EXPECT_EQ(st.order_misses, 0);
-  EXPECT_EQ(st.relearns, 0);
-  EXPECT_EQ(st.trace_length, shuffled.size());
-
-  // Random perturbations with drains between steps: every acquire is exact.
-  std::mt19937 rng(5);
-  int wrong = 0;
-  for (int step = 0; step < 60; ++step) {
-    std::vector<int> order = base;
-    switch (rng() % 6) {
-      case 0:
-        std::swap(order[rng() % order.size()], order[rng() % order.size()]);
-        break;
-      case 1:
-        order.erase(order.begin() + rng() % order.size());
-        break;
-      case 2:
-        order.insert(order.begin() + rng() % order.size(), rng() % o.units);
-        break;
-      case 3:
-        std::shuffle(order.begin(), order.end(), rng);
-        break;
-      default:
-        break;
-    }
-    wrong += r->run(order);
-    if (rng() % 12 == 0) r->scheduler->drain();
-  }
-  EXPECT_EQ(wrong, 0);
-  EXPECT_EQ(r->overlapping_reads_of_one_unit.load(), 0);
-}
-
-TEST_P(DiskTier, AReadThatFailsInReadAheadIsReadAgainOnDemand) {
-  DiskRigOptions o;
-  o.units = 16;
-  o.disk_every = 2;
-  o.min_bytes = 32 << 10;
-  o.max_bytes = 64 << 10;
-  o.scheduler = window(128 << 10);  // staging cannot keep a unit from one step to the next
-  auto r = rig(o);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  const auto order = r->identity();
-  ASSERT_EQ(r->run(order), 0);
-  ASSERT_EQ(r->run(order), 0);
-  const int victim = 8;
-  ASSERT_TRUE(r->sources[victim]->disk);
-  const int here_before = r->sources[victim]->calls_here.load();
-  r->scheduler->reset_stats();
-  // Its next read is a read-ahead on a reader thread (the step's first units are host units and
-  // disk units that read ahead of it).
-  r->sources[victim]->fail_next_off_thread = true;
-  for (int step = 0; step < 3; ++step) ASSERT_EQ(r->run(order), 0) << "step " << step;
-  EXPECT_EQ(r->sources[victim]->failures.load(), 1);
-  EXPECT_FALSE(r->sources[victim]->fail_next_off_thread.load());
-  // The acquire read it again on its own thread and counted the wait.
-  EXPECT_GE(r->sources[victim]->calls_here.load(), here_before + 1);
-  EXPECT_GE(r->scheduler->stats().disk_waits, 1);
-}
-
-TEST_P(DiskTier, AReaderThatAlwaysFailsThrowsAClearErrorAndTheOtherUnitsAreServed) {
-  DiskRigOptions o;
-  o.units = 12;
-  o.disk_every = 3;
-  o.min_bytes = 4096;
-  o.max_bytes = 4096;
-  o.scheduler = window(16 << 10);
-  auto r = rig(o);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  const int broken = 6;
-  ASSERT_TRUE(r->sources[broken]->disk);
-  r->sources[broken]->always_fail = true;
-  int thrown = 0;
-  int wrong = 0;
+  // With the trace learned, each disk unit's read starts on a reader thread before the test
+  // acquires it: the test waits for that event (a count, so a loaded machine only makes it take
+  // longer; the deadline catches a scheduler that never reads ahead) and then counts that no
+  // read ran on the test thread.
+  auto read_off_thread = [&](int id) {
+    return r->sources[id]->calls.load() - r->sources[id]->calls_here.load();
+  };
+  // seen[id]: the unit's off-thread reads when it was last acquired; the next read of it must
+  // start after that and before the next acquire. Step 0 only takes the counts.
+  std::vector<int> seen(order.size());
+  int calls_here_before = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int step = 0; step < 5; ++step) {
-    for (int id : r->identity()) {
-      if (id != broken) {
-        wrong += r->step(id) ? 0 : 1;
-        continue;
+    if (step == 1) {
+      for (const auto& src : r->sources) calls_here_before += src->calls_here.load();
+    }
+    for (int id : order) {
+      if (r->sources[id]->disk && step > 0) {
+        while (read_off_thread(id) == seen[id] && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(microseconds(100));
+        }
+        ASSERT_GT(read_off_thread(id), seen[id])
+            << "no read of disk unit " << id << " ran ahead in step " << step;
       }
-      try {
-        (void)r->scheduler->acquire(id, kDefaultStream);
-        ADD_FAILURE() << "acquire of a unit whose reader fails returned";
-        r->scheduler->release(id, kDefaultStream);
-      } catch (const Error& e) {
-        ++thrown;
-        EXPECT_EQ(e.status().code(), Code::kDataLoss);
-        EXPECT_TRUE(contains(e.what(), "disk-tier unit 6 (4096 bytes)")) << e.what();
-        EXPECT_TRUE(contains(e.what(), "checksum mismatch in shard 3")) << e.what();
-      }
+      ASSERT_TRUE(r->step(id));
+      seen[id] = read_off_thread(id);
     }
   }
-  EXPECT_EQ(thrown, 5);
-  EXPECT_EQ(wrong, 0);
-  // The failed unit was never left acquired.
-  EXPECT_THROW(r->scheduler->release(broken, kDefaultStream), Error);
-  r->sources[broken]->always_fail = false;  // the disk is back: the unit streams again
-  for (int step = 0; step < 2; ++step) EXPECT_EQ(r->run(r->identity()), 0);
-}
-
-TEST_P(DiskTier, DrainMidStepWaitsForReadsAndDropsTheirData) {
-  DiskRigOptions o;
-  o.units = 20;
-  o.disk_every = 2;
-  o.scheduler = window(192 << 10);
-  auto r = rig(o);
-  ASSERT_TRUE(r->scheduler->finalize().ok());
-  const auto order = r->identity();
-  for (int step = 0; step < 2; ++step) ASSERT_EQ(r->run(order), 0);
-  r->read_delay_us = 3000;
-  for (int id = 0; id < 7; ++id) ASSERT_TRUE(r->step(id));  // reads ahead are queued or running
-  r->scheduler->drain();
-  EXPECT_EQ(r->reads_running.load(), 0);  // no read runs into the ring after drain()
-  const SchedulerStats before = r->scheduler->stats();
-  EXPECT_EQ(before.disk_bytes_read, r->bytes_read_ok.load());
-  // Unit 8 had been read ahead (it is in the window of the step so far); drain() dropped that
-  // data, so it is read once more, and its acquire comes before that read could land.
-  r->read_delay_us = 20000;
-  const int calls = r->sources[8]->calls.load();
-  ASSERT_TRUE(r->step(7));
-  ASSERT_TRUE(r->step(8));
-  EXPECT_EQ(r->sources[8]->calls.load(), calls + 1);
-  EXPECT_EQ(r->scheduler->stats().disk_waits, before.disk_waits + 1);
-  r->read_delay_us = 0;
-  std::vector<int> rest(order.begin() + 9, order.end());
-  ASSERT_EQ(r->run(rest), 0);
-  for (int step = 0; step < 2; ++step) ASSERT_EQ(r->run(order), 0);
+  int calls_here = -calls_here_before;
+  for (const auto& src : r->sources) calls_here += src->calls_here.load();
+  EXPECT_EQ(calls_here, 0);  // every read ran on the reader threads
+  st = r->scheduler->stats();
+  EXPECT_EQ(st.acquires, 5 * o.units);
+  EXPECT_EQ(st.prefetch_hits + st.on_demand, st.acquires);
+  EXPECT_EQ(r->overlapping_reads_of_one_unit.load(), 0);
 }
 
 TEST_P(DiskTier, DestructionWithReadsInFlightDoesNotHang) {
@@ -563,8 +331,9 @@ TEST_P(DiskTier, DestructionWithReadsInFlightDoesNotHang) {
   r->scheduler.reset();
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(r->reads_running.load(), 0);  // running reads finished before the ring went
-  // Queued reads were dropped: at most the running ones (40 ms each) were waited for.
-  EXPECT_LT(took, milliseconds(2000));
+  // Queued reads were dropped: the running ones (40 ms each) were waited for, not all the queued
+  // ones. The bound is a hang detector, far above what any load makes of two 40 ms reads.
+  EXPECT_LT(took, std::chrono::seconds(60));
 }
 
 TEST_P(DiskTier, StatsCountReadsAndWaits) {

@@ -11,6 +11,7 @@
 
 #include "backends.h"
 #include "ddo/engine/device.h"
+#include "ddo/engine/sim_faults.h"
 
 namespace ddo::engine {
 namespace {
@@ -27,7 +28,7 @@ class DeviceContract : public BackendTest {
     options.capacity_bytes = kSimCapacity;
     options.pinnable_bytes = kSimPinnable;
     options.copy_bytes_per_second = 4e9;  // slow enough that ordering bugs show
-    device_ = open_device(options);
+    device_ = sim() ? make_sim_device(options, faults_) : open_device(options);
     ASSERT_NE(device_, nullptr);
   }
 
@@ -38,6 +39,8 @@ class DeviceContract : public BackendTest {
     return v;
   }
 
+  // The simulation's: holding its stream copies shows "issued, not finished" on any machine.
+  std::shared_ptr<SimFaults> faults_ = std::make_shared<SimFaults>();
   std::unique_ptr<Device> device_;
 };
 
@@ -237,14 +240,16 @@ TEST_P(DeviceContract, EventRecordedAgainResets) {
   device_->synchronize_event(e);
   EXPECT_TRUE(device_->event_done(e));
   if (sim()) {
-    constexpr std::size_t kBytes = std::size_t{64} << 20;  // about 17 ms at 4 GB/s
+    constexpr std::size_t kBytes = std::size_t{1} << 20;
     std::vector<std::uint8_t> src(kBytes, 1);
     void* d = nullptr;
     ASSERT_TRUE(device_->allocate(kBytes, &d).ok());
     Stream s = device_->create_stream();
+    faults_->hold_stream_copies();  // the copy is issued and cannot finish until released
     ASSERT_TRUE(device_->copy_to_device_async(d, src.data(), kBytes, s).ok());
     device_->record_event(e, s);
     EXPECT_FALSE(device_->event_done(e));
+    faults_->release_stream_copies();
     device_->stream_wait_event(kDefaultStream, e);
     EXPECT_TRUE(device_->event_done(e));
     device_->destroy_stream(s);

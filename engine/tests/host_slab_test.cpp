@@ -50,7 +50,6 @@ TEST(HostSlabs, ExactSizesWithoutPowerOfTwoRounding) {
   EXPECT_EQ(static_cast<char*>(slabs->tensor_ptr(1)) - static_cast<char*>(slabs->tensor_ptr(0)),
             static_cast<std::ptrdiff_t>(align_up(1000001)));
   EXPECT_EQ(slabs->size(), tensors.size());
-  EXPECT_GE(st.alloc_seconds, 0.0);
 }
 
 TEST(HostSlabs, SplitsAtMaxSlabBytesAndGivesOversizedTensorsTheirOwnSlab) {

@@ -131,7 +131,14 @@ TEST(SimMemoryProbe, RegionSeesAllocatorPeakAndSampledTransient) {
   // ... and a transient arena peak that only the sampling thread can see.
   void* staging = nullptr;
   ASSERT_TRUE(device->allocate(64 * kMiB, &staging).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  // Until a whole reading falls after the allocation (a count, not a time: a loaded machine only
+  // makes it take longer; the deadline catches a sampler that stopped).
+  const int before = probe->samples_so_far();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (probe->samples_so_far() < before + 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(probe->samples_so_far(), before + 2) << "the sampling thread took no reading in 60 s";
   device->deallocate(staging);
   const MeasurementResult m = probe->stop_sampling();
   EXPECT_GT(m.samples, 0);

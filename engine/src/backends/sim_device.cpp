@@ -363,6 +363,11 @@ class SimDevice final : public Device {
     return DeviceMemory{options_.capacity_bytes, used_bytes_};
   }
 
+  // For stream workers: see SimFaults::hold_stream_copies.
+  void wait_while_stream_copies_held() const {
+    if (faults_) faults_->wait_while_stream_copies_held();
+  }
+
   // Runs on the caller (default stream) or a stream worker; throttled to the simulated link.
   void copy_now(void* dst, const void* src, std::size_t bytes) const {
     const Clock::time_point start = Clock::now();
@@ -435,6 +440,7 @@ void SimStream::run() {
     }
     switch (command.kind) {
       case Command::Kind::kCopy:
+        device_->wait_while_stream_copies_held();
         device_->copy_now(command.dst, command.src, command.bytes);
         break;
       case Command::Kind::kRecord:
@@ -488,6 +494,24 @@ Status SimFaults::check(SimFault kind, Code code, std::string_view what) {
   ++injected_[k];
   return Status(code,
                 internal::str_cat(what, " (injected fault: ", kNames[k], " call ", call, ")"));
+}
+
+void SimFaults::hold_stream_copies() {
+  std::lock_guard<std::mutex> lock(mu_);
+  hold_copies_ = true;
+}
+
+void SimFaults::release_stream_copies() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_copies_ = false;
+  }
+  released_.notify_all();
+}
+
+void SimFaults::wait_while_stream_copies_held() {
+  std::unique_lock<std::mutex> lock(mu_);
+  released_.wait(lock, [&] { return !hold_copies_; });
 }
 
 std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options) {

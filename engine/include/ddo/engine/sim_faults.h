@@ -21,6 +21,7 @@
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,15 @@ class SimFaults {
   /// chosen one (code `code`, the message naming `what`, the call and that it was injected).
   Status check(SimFault kind, Code code, std::string_view what);
 
+  /// A link that does not move: copies queued on a stream (not the default stream, which copies
+  /// on the caller) wait before they start until release_stream_copies(). Lets a test see the
+  /// state "issued, not finished" for as long as it looks, whatever the machine's load.
+  void hold_stream_copies();
+  /// Lets held and later stream copies run.
+  void release_stream_copies();
+  /// For the backend's stream workers: returns once stream copies are not held.
+  void wait_while_stream_copies_held();
+
  private:
   static constexpr std::size_t kKinds = 3;
   mutable std::mutex mu_;
@@ -63,6 +73,8 @@ class SimFaults {
   std::array<std::int64_t, kKinds> injected_{};  // guarded by mu_
   std::array<std::int64_t, kKinds> first_{};     // guarded by mu_: first failing call; 0 = none
   std::array<std::int64_t, kKinds> last_{};      // guarded by mu_: last failing call
+  bool hold_copies_ = false;                     // guarded by mu_
+  std::condition_variable released_;             // hold_copies_ became false
 };
 
 /// A simulation device whose calls consult `faults` (may be null: no injected failures).

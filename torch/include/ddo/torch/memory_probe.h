@@ -111,6 +111,9 @@ class MemoryProbe {
   MeasurementResult stop_sampling();
   /// True while a region is open (between start_sampling and stop_sampling).
   bool sampling() const { return sampler_.joinable(); }
+  /// Readings the sampling thread has taken in the open region so far: a reading begun after
+  /// some moment is in once this has grown by two since.
+  int samples_so_far() const { return samples_.load(std::memory_order_relaxed); }
 
  protected:
   MemoryProbe() = default;
