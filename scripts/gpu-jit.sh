@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The TorchScript path against the Python path on the GPU machine (issue 19), after
+# The TorchScript path against the Python path on the GPU machine, after
 # scripts/gpu.sh has built ddo: FLUX (random weights) traced on the GPU in bf16 by
 # examples/python/trace_diffusers.py, then for each VRAM cap the C++ program
 # (tools/examples/torchscript_flow: torch::jit::load, a calibration run, a reuse run) and the same
@@ -214,7 +214,7 @@ for cap in env["DDO_JIT_CAPS_LIST"].split():
 
 name, driver = gpu()
 result = dict(
-    benchmark="issue 19: TorchScript in C++ vs ddo from Python",
+    benchmark="TorchScript in C++ vs ddo from Python",
     command="scripts/gpu.sh jit (scripts/gpu-jit.sh)",
     model=f"FluxTransformer2DModel ({env['DDO_JIT_SIZE']}, random weights, {env['DDO_JIT_DTYPE']})",
     device=env["DDO_JIT_DEVICE"], steps=int(env["DDO_JIT_STEPS"]),

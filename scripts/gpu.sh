@@ -295,7 +295,7 @@ w6() {
   return $rc
 }
 
-# W1-py from disk (issue 16): writes the model to the machine's disk once (kept between calls
+# W1-py from disk: writes the model to the machine's disk once (kept between calls
 # of a warm machine under DDO_LOAD_DIR), then ddo's loader cold/warm at each cap and diffusers'
 # from_pretrained + group offload (bench/python/load_from_disk.py).
 load() {
@@ -314,7 +314,7 @@ load() {
   return $rc
 }
 
-# `pip install .` as a user runs it (issue 13): scikit-build-core drives the project's CMake with no
+# `pip install .` as a user runs it: scikit-build-core drives the project's CMake with no
 # help from this script (its own build folder, build-python/), into a fresh target folder; then the
 # installed package, not the build tree, imports and runs the Python tests (the CUDA ones too).
 pipcheck() {

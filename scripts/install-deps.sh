@@ -4,7 +4,7 @@
 set -euo pipefail
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 pkgs="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev python3-venv pkg-config doxygen"
-# issue 18: clang and its libFuzzer (compiler-rt) for fuzz/, ccache for every build, MinGW-w64
+# clang and its libFuzzer (compiler-rt) for fuzz/, ccache for every build, MinGW-w64
 # and Wine for the Windows build of core + engine (.ci/run).
 pkgs="$pkgs clang libclang-rt-dev ccache g++-mingw-w64-x86-64-posix wine64"
 missing=$(for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

@@ -72,7 +72,7 @@ def targets(row: dict, doc: dict | None = None) -> str:
     notes = []
     cap = cap_of(row)
     if row["route"] == "noprofile" and doc and row.get("median_step_s"):
-        # Issue 15's target: without a profile, <= 1.05 x the calibrated step at the same cap.
+        # The target: without a profile, <= 1.05 x the calibrated step at the same cap.
         for other in doc.get("rows", []):
             if other["route"] == "calibrated" and cap_of(other) == cap and other.get("median_step_s"):
                 ratio = row["median_step_s"] / other["median_step_s"]
@@ -199,7 +199,7 @@ def w2_table(result: dict) -> str:
                 f"{fmt(inv.get('dense_linear_bytes', 0) / GB, '.3f')} GB: "
                 + ", ".join(d["name"] for d in dense))
     if result.get("targets"):
-        lines += ["", "Targets (issue 14):", ""]
+        lines += ["", "Targets:", ""]
         for t in result["targets"]:
             mark = {True: "met", False: "MISSED", None: "not measured"}[t["ok"]]
             lines.append(f"- {t['what']}: {fmt(t['value'], '.3f')} — {mark}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""W1-py from disk (issue 16): ddo's loader against diffusers' from_pretrained + group offload.
+"""W1-py from disk: ddo's loader against diffusers' from_pretrained + group offload.
 
 Writes W1-py's FluxTransformer2DModel (bench/python/bench_common.py: FLUX.1-dev dimensions, seeded
 random bf16 weights) to --dir with ``save_pretrained`` (sharded), then, each in a fresh process:

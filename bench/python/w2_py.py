@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """W2-py: W1-py's FluxTransformer2DModel quantized by the `sdnq` package (int8, uint4), under ddo.
 
-docs/design/0009-benchmarks.md, "W2 flux-sdnq"; issue 14, "Benchmark W2". FLUX.1-dev dimensions,
+docs/design/0009-benchmarks.md, "W2 flux-sdnq". FLUX.1-dev dimensions,
 random bf16 weights (W1-py's seed and fill), 4096 image + 512 text tokens, batch 1, one forward
 per step, quantized with `sdnq.sdnq_post_load_quant(model, weights_dtype=..., torch_dtype=bf16)`
 (the package's defaults otherwise: uint4 takes its default group size, small and model-specific
@@ -71,7 +71,7 @@ bc.set_logger(log)
 DEFAULT_CAPS = {"full": "4,6,8,12,0", "tiny": "0.1,4,0"}
 ALL_ROUTES = ("resident", "ddo", "group")
 ALL_VARIANTS = ("int8", "uint4", "bf16")
-# Issue 14's targets.
+# The W2 targets (docs/design/0009-benchmarks.md).
 TARGETS = {("int8", 8.0): 0.20, ("uint4", 4.0): 0.22}
 TARGET_EFFICIENCY = 0.97
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Repeat generations in one process (issue 20): attach time of each, with and without warm_process.
+"""Repeat generations in one process: attach time of each, with and without warm_process.
 
 The staged flow releases the denoiser after each generation and attaches it again for the next.
 This runs that flow on W1-py's FluxTransformer2DModel (bench/python/bench_common.py sizes: FLUX.1-dev

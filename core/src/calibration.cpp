@@ -222,8 +222,9 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
 
   const std::optional<std::string> normalized =
       normalize_calibration_device(config.execution_device);
-  // The seed library keys a profile by its execution mode too: a dense calibration says nothing
-  // about an SDNQ run of the same name (Note [The seed library's files] in profile_store.cpp).
+  // diffusers-dynamic-offloader keys a profile by its execution mode too: a dense calibration says
+  // nothing about an SDNQ run of the same name (Note [diffusers-dynamic-offloader's files] in
+  // profile_store.cpp).
   p.identity = ProfileIdentity{name, std::string(model_class), to_string(config.execution_mode)};
   p.record_path = store.path_for(p.identity);
   p.device = normalized.value_or(config.execution_device);
@@ -244,7 +245,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   if (config.build_profile) {
     check_can_calibrate(config, device, normalized);
     // The save comes after the whole measured run: an unwritable directory found only then
-    // wastes the run (issue 18), so it is checked before it.
+    // wastes the run, so it is checked before it.
     if (Status writable = store.check_writable(p.identity); !writable.ok()) {
       throw Error(writable.code(),
                   fmt::format("build_profile=true would measure a run whose profile '{}' cannot "
@@ -265,10 +266,10 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   }
 
   if (manual > 0) {
-    // The override order (docs/design/0006-configuration.md, section 3) and the seed library: a
-    // positive manual budget overrides profile reuse, so the profile is not even read and the
-    // report says "disabled", as the library's does. The fields after name and status are ddo's,
-    // saying why.
+    // The override order (docs/design/0006-configuration.md, section 3) and
+    // diffusers-dynamic-offloader: a positive manual budget overrides profile reuse, so the profile
+    // is not even read and the report says "disabled", as the library's does. The fields after name
+    // and status are ddo's, saying why.
     p.status = report.status = ProfileStatus::kDisabled;
     p.resident_budget_gb = report.resident_budget_gb = manual;
     report.budget_source = "manual";
@@ -329,14 +330,14 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
         probe = capped;
       }
       // Note [Probe within the card]
-      // The seed saves the probe at the ceiling. On a real card a resident budget above the
-      // room the zero-resident calibration left free (total - its measured peak) cannot be
-      // placed at all: ddo's peak is the driver's view with no slack to hide in, so the probing
-      // run would fail in setup instead of measuring. On the H200 (W2, FLUX int8 and uint4 at
-      // an 8 GiB cap) the 6 GiB probe failed in setup, and a probe of the whole room
-      // (total - peak) ran out of memory in the first step. The run therefore applies the probe
-      // up to the room minus half the headroom: it spends half the measured headroom and no
-      // more; the saved result (applied probe minus overshoot) follows from what was placed.
+      // diffusers-dynamic-offloader saves the probe at the ceiling. On a real card a resident
+      // budget above the room the zero-resident calibration left free (total - its measured peak)
+      // cannot be placed at all: ddo's peak is the driver's view with no slack to hide in, so the
+      // probing run would fail in setup instead of measuring. On the H200 (W2, FLUX int8 and uint4
+      // at an 8 GiB cap) the 6 GiB probe failed in setup, and a probe of the whole room (total -
+      // peak) ran out of memory in the first step. The run therefore applies the probe up to the
+      // room minus half the headroom: it spends half the measured headroom and no more; the saved
+      // result (applied probe minus overshoot) follows from what was placed.
       const double total_now = bytes_to_gib(device.total_vram_bytes);
       if (rec.peak_vram_gb > 0 && total_now > 0) {
         const double room = std::max(0.0, total_now - rec.peak_vram_gb - 0.5 * rec.headroom_gb);

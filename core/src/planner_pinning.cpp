@@ -161,8 +161,9 @@ void Planner::admit_linear_pins(std::int64_t candidates) {
 }
 
 void Planner::admit_sdnq_pins(std::int64_t fresh) {
-  // Seed: counts direct packed tensors, scales and auxiliaries; the ceiling, ratio, maximum and
-  // known RAM headroom bound new pins; loader pins are kept and any excess reported.
+  // diffusers-dynamic-offloader: counts direct packed tensors, scales and auxiliaries; the ceiling,
+  // ratio, maximum and known RAM headroom bound new pins; loader pins are kept and any excess
+  // reported.
   std::map<std::string, std::int64_t> by_role;  // ordered for a stable JSON
   for (TensorRef ref : streamed_) {
     if (!on_disk_[ref.module][ref.tensor])

@@ -425,8 +425,8 @@ void Planner::fit_budget_to_card(FixedBudget source) {
 
 void Planner::resolve_resident_budget() {
   const std::int64_t candidates = plan_.resident_candidate_bytes;
-  // The seed: calibration "forces the resident module budget to zero", so it comes before the
-  // manual budget; an ignored manual budget is recorded, never silently dropped.
+  // diffusers-dynamic-offloader: calibration "forces the resident module budget to zero", so it
+  // comes before the manual budget; an ignored manual budget is recorded, never silently dropped.
   if (ctx_.calibrating) {
     plan_.resident_budget_bytes = 0;
     decide("profile_calibration",

@@ -1,6 +1,6 @@
 // Planner phase that decides where each stream unit is read from every step: its host copy, or,
 // when a host RAM budget cannot hold every host copy and the weights can be read again from a
-// checkpoint, the file itself (the disk tier, issue 16).
+// checkpoint, the file itself (the disk tier).
 #include <algorithm>
 #include <cmath>
 #include <functional>

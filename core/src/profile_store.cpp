@@ -113,9 +113,9 @@ bool get_string(const json& object, const char* key, std::string* out) {
 
 // sha256_hex: sha256.cpp (Note [SHA-256 per platform]).
 
-// Note [The seed library's files]
+// Note [diffusers-dynamic-offloader's files]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The seed's Python library (diffusers-dynamic-offloader 0.1.0rc2) keeps named profiles and host
+// diffusers-dynamic-offloader 0.1.0rc2 keeps named profiles and host
 // contexts in one folder and one format, learned by running it (python/tests/test_compat.py
 // writes with one and reads with the other):
 //   file  "ddo-capacity-v1-" + sha256(json.dumps(context, sort_keys=True,
@@ -373,8 +373,8 @@ fs::path resolve_profile_dir(const std::map<std::string, std::string>& env) {
     return it == env.end() ? std::string() : it->second;
   };
   std::string dir = lookup("DDO_PROFILE_DIR");
-  // A leading "~" is the home folder, as the seed library's Path.expanduser reads it: a shell
-  // that did not expand DDO_PROFILE_DIR="~/p" must not give ddo a folder named "~".
+  // A leading "~" is the home folder, as diffusers-dynamic-offloader's Path.expanduser reads it: a
+  // shell that did not expand DDO_PROFILE_DIR="~/p" must not give ddo a folder named "~".
   const bool home_relative = dir == "~" || dir.starts_with("~/");
   if (!dir.empty() && !home_relative) return fs::path(dir);
 #ifdef _WIN32
@@ -453,7 +453,7 @@ Status read_text_file(const fs::path& path, std::string* content, std::size_t ma
 // ~~~~~~~~~~~~~~~~~~~
 // nlohmann::json parses and destroys iteratively, but copies, compares and dumps recursively, one
 // stack frame per level: a profile with a value nested 50,000-200,000 deep parsed fine and then
-// overflowed the stack on the first copy of the document (issue 18: `ddo profiles list` crashed,
+// overflowed the stack on the first copy of the document (`ddo profiles list` crashed,
 // so the user could not even find the file), and a 21 KB one nested 10,000 deep survived and was
 // written back by the next calibration with two spaces of indentation per level, 200 MB. So every
 // text is measured before a document is built: its size (kMaxProfileFileBytes, checked while
@@ -550,8 +550,8 @@ int remove_stale_temp_files(const fs::path& directory) {
   const fs::file_time_type now = fs::file_time_type::clock::now();
   for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    // Also the names of ddo 0.1.0 before the seed library's files (Note [The seed library's
-    // files]), whose leftovers may still sit in the folder.
+    // Also the names of ddo 0.1.0 before diffusers-dynamic-offloader's files (Note
+    // [diffusers-dynamic-offloader's files]), whose leftovers may still sit in the folder.
     const bool ours = name.starts_with(fmt::format(".{}", kProfileFilePrefix)) ||
                       name.starts_with(".ddo-profile-") || name.starts_with(".ddo-context-");
     const std::size_t tmp = name.rfind(".tmp-");
@@ -724,7 +724,7 @@ WarningSink stderr_warning_sink() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Records (Note [The seed library's files]).
+// Records (Note [diffusers-dynamic-offloader's files]).
 // ---------------------------------------------------------------------------------------------
 
 namespace {

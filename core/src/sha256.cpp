@@ -3,11 +3,11 @@
 //
 // Note [SHA-256 per platform]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Profile file names are a SHA-256 of canonical JSON (Note [The seed library's files]), so Linux
-// and Windows must produce the same digest for the same text, byte for byte. Linux uses OpenSSL's
-// EVP (libcrypto, which every Linux build already has); Windows uses CNG (bcrypt.dll, part of
-// Windows since Vista, and of Wine), so the Windows build needs no OpenSSL for MinGW. Both are
-// checked against the FIPS 180-2 vectors in profile_store_test.cpp (Sha256KnownVectors), which
+// Profile file names are a SHA-256 of canonical JSON (Note [diffusers-dynamic-offloader's files]),
+// so Linux and Windows must produce the same digest for the same text, byte for byte. Linux uses
+// OpenSSL's EVP (libcrypto, which every Linux build already has); Windows uses CNG (bcrypt.dll,
+// part of Windows since Vista, and of Wine), so the Windows build needs no OpenSSL for MinGW. Both
+// are checked against the FIPS 180-2 vectors in profile_store_test.cpp (Sha256KnownVectors), which
 // the Windows build runs under Wine.
 #include "ddo/core/profile_store.h"
 

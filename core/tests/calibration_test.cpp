@@ -390,9 +390,9 @@ TEST_F(CalibrationTest, SdnqBaselineWithLittleRoomIsSafe) {
   EXPECT_NEAR(*report.resident_budget_gb, 0.83, 1e-6);
 }
 
-// The seed library, run: a positive manual budget with a saved profile reports
+// diffusers-dynamic-offloader, run: a positive manual budget with a saved profile reports
 // {"name": ..., "status": "disabled"} and does not load the profile. ddo says the same and adds
-// why (issue 17: it used to say "applied" with budget_source "manual").
+// why (not "applied" with budget_source "manual").
 TEST_F(CalibrationTest, ManualBudgetDisablesProfileReuse) {
   calibrate(6.0);  // saves 1 GiB
   config_.resident_module_budget_gb = 2.0;
@@ -466,8 +466,8 @@ TEST_F(CalibrationTest, AbortedProbeKeepsThePendingProbe) {
   EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kProbing);
 }
 
-// The execution mode is part of the identity (the seed library's identity version 2): an SDNQ
-// profile is not found by a dense run of the same name.
+// The execution mode is part of the identity (diffusers-dynamic-offloader's identity version 2): an
+// SDNQ profile is not found by a dense run of the same name.
 TEST_F(CalibrationTest, TheExecutionModeIsPartOfTheIdentity) {
   config_.execution_mode = ExecutionMode::kSdnqRuntime;
   calibrate(4.5);
@@ -536,7 +536,7 @@ TEST_F(CalibrationTest, SaveFailureIsReportedAndReturned) {
   EXPECT_NE(report.error->find("DDO_PROFILE_DIR"), std::string::npos);
 }
 
-// Before: an unwritable profile directory was found only when the measured run had ended.
+// Guards against: an unwritable profile directory was found only when the measured run had ended.
 TEST_F(CalibrationTest, AnUnwritableProfileDirectoryFailsBeforeTheRun) {
   fs::create_directories(dir_.parent_path());
   std::ofstream(dir_) << "not a directory";

@@ -377,7 +377,7 @@ TEST(ConfigOverrides, RangeErrorsNameTheOverrideKeyAndClampsWarn) {
                           "override pin_weight_budget_ratio=-3 is outside [0, 1]; clamped to 0"});
 }
 
-// Issue 18: `--device sim:99999999999` (and execution_device="sim:99999999999" from Python) said
+// `--device sim:99999999999` (and execution_device="sim:99999999999" from Python) said
 // only "stoi": the adapter read the index with std::stoi. Every entry point now passes core's
 // check, which names the source, the text and the range.
 TEST(ConfigValidate, DeviceIndexIsCheckedNamingTheSourceAndTheRange) {
@@ -405,7 +405,7 @@ TEST(ConfigValidate, DeviceIndexIsCheckedNamingTheSourceAndTheRange) {
   EXPECT_EQ(c.execution_device, "cuda:0");  // unchanged
 }
 
-// Issue 18: about 20,000 nested parentheses overflowed the stack inside std::regex and killed the
+// About 20,000 nested parentheses overflowed the stack inside std::regex and killed the
 // process. Each of these crashes without the limits (Note [Pattern limits]).
 TEST(ConfigPatterns, DeepOrLongPatternsAreErrorsNotCrashes) {
   const std::string deep = std::string(20000, '(') + "a" + std::string(20000, ')');

@@ -36,7 +36,7 @@ class HostContextTest : public ::testing::Test {
     return HostContextStore(std::move(options));
   }
 
-  // The seed library's observation shape: a status and one capacity metric.
+  // diffusers-dynamic-offloader's observation shape: a status and one capacity metric.
   static json obs(double value, bool success, const char* metric = "tokens") {
     return json{{"status", success ? "success" : "failure"},
                 {"capacity", {{"metric", metric}, {"value", value}}}};
@@ -76,7 +76,8 @@ TEST(NormalizeContextTest, RejectsNonFiniteNumbersAndBinaryNamingThePath) {
   EXPECT_THROW((void)normalize_context(discarded), Error);
 }
 
-// The seed library refuses anything but a non-empty mapping ("must be a non-empty mapping").
+// diffusers-dynamic-offloader refuses anything but a non-empty mapping ("must be a non-empty
+// mapping").
 TEST(NormalizeContextTest, ContextIsANonEmptyObject) {
   for (const json& bad : {json(nullptr), json("scalar"), json::array({1}), json::object()}) {
     try {
@@ -89,7 +90,7 @@ TEST(NormalizeContextTest, ContextIsANonEmptyObject) {
   }
 }
 
-// Keys computed by the seed library (diffusers-dynamic-offloader 0.1.0rc2,
+// Keys computed by diffusers-dynamic-offloader (diffusers-dynamic-offloader 0.1.0rc2,
 // dynamic_offload_profile_key) for the same contexts: the rule is byte-exact, including Python's
 // float spelling (1000000000000000.0 but 1e+16, 1e-05, -0.0) and its \uXXXX escapes.
 TEST(ContextKeyTest, EqualsTheSeedLibrarysKeys) {

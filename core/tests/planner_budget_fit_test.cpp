@@ -128,7 +128,7 @@ TEST(ResidentBudgetFit, BudgetsThatFitAreUsedAsGiven) {
 }
 
 TEST(ResidentBudgetFit, ProfileMeasuredOnThisCardIsUsedUnchanged) {
-  // Measured on the H200 (issue 15, W1-py): at a 16 GiB cap the zero-resident calibration
+  // Measured on the H200: at a 16 GiB cap the zero-resident calibration
   // peaked at 5.96 GiB and the profile recommends 16 - 5.96 - 1 = 9.04 GiB, above the 8.9 GiB the
   // balanced policy's table headroom leaves. The profile's measurement holds the activations,
   // so only profile_vram_headroom_gb stands between it and the card: it is used as saved.

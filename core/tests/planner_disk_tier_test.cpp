@@ -1,4 +1,4 @@
-// Planner tests: the host RAM budget and the disk tier (issue 16; Note [Disk tier plan] in
+// Planner tests: the host RAM budget and the disk tier (Note [Disk tier plan] in
 // planner_tiers.cpp, Note [Disk ring] in working_set.h), and the config field behind it,
 // host_ram_cap_gb / DDO_HOST_RAM_CAP_GB.
 #include <algorithm>

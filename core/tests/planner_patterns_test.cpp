@@ -150,7 +150,7 @@ TEST(PlannerPatterns, InvalidRegexIsAnErrorNamingThePattern) {
   }
 }
 
-// Issue 18: the planner compiles patterns too, including block patterns inferred from module
+// The planner compiles patterns too, including block patterns inferred from module
 // names it never validated; a crash there killed the host. Both are errors now.
 TEST(PlannerPatterns, NestedOrHugePatternsAreErrorsNotCrashes) {
   DynamicOffloadConfig config = linear_config();

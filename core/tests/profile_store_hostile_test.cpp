@@ -1,4 +1,4 @@
-// Hostile and damaged files in the profile directory (issue 18): nesting deep enough to overflow
+// Hostile and damaged files in the profile directory: nesting deep enough to overflow
 // the stack, oversized files, FIFOs and directories where files belong, numbers out of range or
 // too large for 32 bits, backups of unreadable files, temporary files of killed writers, and a
 // profile directory that is a file or cannot be written. Each case was a crash, a hang, a silent
@@ -119,8 +119,8 @@ TEST(JsonBoundsTest, DepthScanSkipsStringsAndIsExactForValidJson) {
   EXPECT_NE(deep.message().find("nested 65 levels deep"), std::string::npos) << deep.message();
 }
 
-// Before: listing or loading this file overflowed the stack copying the document (the process
-// died, `ddo profiles list` included), so the user could not even find the file.
+// Guards against: listing or loading this file overflowed the stack copying the document (the
+// process died, `ddo profiles list` included), so the user could not even find the file.
 TEST_F(HostileFilesTest, ProfileNested200000DeepIsListedAsInvalidAndNeverCrashes) {
   const json profile = saved_profile();
   write_with_measurement(profile, nested_arrays(200000));
@@ -142,8 +142,8 @@ TEST_F(HostileFilesTest, ProfileNested200000DeepIsListedAsInvalidAndNeverCrashes
   EXPECT_FALSE(s.list()[0].problem.empty());
 }
 
-// Before: a 21 KB profile nested 10,000 deep was accepted and written back with two spaces of
-// indentation per level, 200 MB.
+// Guards against: a 21 KB profile nested 10,000 deep was accepted and written back with two spaces
+// of indentation per level, 200 MB.
 TEST_F(HostileFilesTest, DeeplyNestedProfileIsNotRewrittenAsAHugeFile) {
   write_with_measurement(saved_profile(), nested_arrays(10000));
   const std::string original = read_all(store().path_for(id_));
@@ -170,7 +170,7 @@ TEST_F(HostileFilesTest, OversizedFileIsInvalidAndKeptAsideOnSave) {
   EXPECT_TRUE(warned("is kept in")) << ::testing::PrintToString(warnings_);
 }
 
-// Before: reading a FIFO under a profile's name blocked forever (list, load and save hung).
+// Guards against: reading a FIFO under a profile's name blocked forever (list, load and save hung).
 // Windows has no FIFOs in the file system (scripts/windows-test.sh lists the exclusion).
 #ifndef _WIN32
 TEST_F(HostileFilesTest, FifoInPlaceOfAProfileIsNamedAndNeverBlocks) {
@@ -205,7 +205,7 @@ TEST_F(HostileFilesTest, DirectoryInPlaceOfAProfileIsNamed) {
 
 // --- numbers ---------------------------------------------------------------------------------
 
-// Before: 4294967297 read as a 32-bit int is 1, the current version.
+// Guards against: 4294967297 read as a 32-bit int is 1, the current version.
 TEST_F(HostileFilesTest, VersionsTooLargeFor32BitsAreRejected) {
   json profile = saved_profile();
   ProfileStore s = store();
@@ -227,8 +227,8 @@ TEST_F(HostileFilesTest, VersionsTooLargeFor32BitsAreRejected) {
       << s.list()[0].problem;
 }
 
-// Before: resident_budget_gb 1e308 was listed as a 309-digit number and failed later; negative
-// peaks, strings in number fields and huge capacity limits passed without a word.
+// Guards against: resident_budget_gb 1e308 was listed as a 309-digit number and failed later;
+// negative peaks, strings in number fields and huge capacity limits passed without a word.
 TEST_F(HostileFilesTest, EveryNumberIsRangeCheckedAndTheErrorNamesFieldAndRange) {
   const json profile = saved_profile();
   ProfileStore s = store();
@@ -277,8 +277,8 @@ TEST_F(HostileFilesTest, EveryNumberIsRangeCheckedAndTheErrorNamesFieldAndRange)
 
 // --- backups and temporary files -------------------------------------------------------------
 
-// Before: the second unreadable file's backup overwrote the first, although the warning said the
-// old content was kept.
+// Guards against: the second unreadable file's backup overwrote the first, although the warning
+// said the old content was kept.
 TEST_F(HostileFilesTest, EveryBackupOfAnUnreadableProfileIsKept) {
   ProfileStore s = store();
   const fs::path path = s.path_for(id_);
@@ -298,7 +298,7 @@ TEST_F(HostileFilesTest, EveryBackupOfAnUnreadableProfileIsKept) {
   EXPECT_EQ(s.list().size(), 1u);  // backups are not listed as profiles
 }
 
-// Before: temporary files of killed writers stayed forever.
+// Guards against: temporary files of killed writers stayed forever.
 TEST_F(HostileFilesTest, StaleTemporaryFilesOfDeadWritersAreRemovedOnTheNextSave) {
   ProfileStore s = store();
   const std::string target = s.path_for(id_).filename().string();
@@ -333,8 +333,8 @@ TEST_F(HostileFilesTest, StaleTemporaryFilesOfDeadWritersAreRemovedOnTheNextSave
 
 // --- directories -----------------------------------------------------------------------------
 
-// Before: `ddo profiles list` with DDO_PROFILE_DIR naming a regular file said "no profiles" and
-// exited 0.
+// Guards against: `ddo profiles list` with DDO_PROFILE_DIR naming a regular file said "no profiles"
+// and exited 0.
 TEST_F(HostileFilesTest, ProfileDirectoryThatIsAFileIsAnErrorWhenListing) {
   const fs::path file = dir_ / "not-a-dir";
   write_all(file, "x");
@@ -383,7 +383,7 @@ class HostileContextTest : public HostileFilesTest {
   const json context_{{"model", "flux"}, {"gpu", "4090"}};
 };
 
-// Before: a caller's context 100,000 deep overflowed the stack while being normalized.
+// Guards against: a caller's context 100,000 deep overflowed the stack while being normalized.
 TEST_F(HostileContextTest, DeepOrHugeContextsAreRejectedNamingTheBound) {
   const json deep = {{"x", json::parse(nested_arrays(2000))}};
   try {

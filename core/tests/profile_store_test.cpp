@@ -86,7 +86,7 @@ TEST(ProfileKeyTest, KeyIsTheSeedLibrarysCapacityKey) {
   EXPECT_TRUE(is_valid_profile_key(key)) << key;
   EXPECT_EQ(key, profile_key(id));
   // The key is "ddo-capacity-v1-" and the first 24 hex digits of the identity's canonical JSON,
-  // keys sorted (the seed library's identity version 2).
+  // keys sorted (diffusers-dynamic-offloader's identity version 2).
   EXPECT_EQ(canonical_json(id.to_json()),
             R"({"execution_mode":"linear_runtime","identity_version":2,)"
             R"("model_class":"demo::Transformer","name":"video-5s"})");
@@ -95,7 +95,8 @@ TEST(ProfileKeyTest, KeyIsTheSeedLibrarysCapacityKey) {
   EXPECT_NE(key, profile_key({"video-8s", "demo::Transformer"}));
   EXPECT_NE(key, profile_key({"video-5s", "demo::UNet"}));
   EXPECT_NE(key, profile_key({"video-5s", "demo::Transformer", "sdnq_runtime"}));
-  // The seed library's key for {name "w", class "Tiny", linear_runtime}, from running it.
+  // diffusers-dynamic-offloader's key for {name "w", class "Tiny", linear_runtime}, from running
+  // it.
   EXPECT_EQ(profile_key({"w", "Tiny", "linear_runtime"}),
             "ddo-capacity-v1-2ed0ac89568814f093f629b0");
 }
@@ -126,7 +127,7 @@ TEST(ProfileDirTest, ResolvesFromEnvMap) {
   EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", ""}, {"HOME", "/h"}}),
             fs::path("/h") / ".ddo" / "profiles");
   EXPECT_EQ(resolve_profile_dir({{"USERPROFILE", "/u"}}), fs::path("/u") / ".ddo" / "profiles");
-  // "~" is the home folder, as the seed library's expanduser reads DDO_PROFILE_DIR.
+  // "~" is the home folder, as diffusers-dynamic-offloader's expanduser reads DDO_PROFILE_DIR.
   EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "~/p"}, {"HOME", "/h"}}), fs::path("/h/p"));
   EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "~"}, {"HOME", "/h"}}), fs::path("/h"));
   EXPECT_EQ(resolve_profile_dir({{"DDO_PROFILE_DIR", "/a/~b"}, {"HOME", "/h"}}), fs::path("/a/~b"));
@@ -180,7 +181,8 @@ TEST_F(ProfileStoreTest, SaveThenLoadRoundTrips) {
   EXPECT_EQ(path.parent_path(), dir_);
   EXPECT_EQ(path.filename().string(), profile_key(id_) + ".json");
 
-  // The seed library's layout (Note [The seed library's files]) with ddo's fields beside.
+  // diffusers-dynamic-offloader's layout (Note [diffusers-dynamic-offloader's files]) with ddo's
+  // fields beside.
   json file = json::parse(read_all(path));
   EXPECT_EQ(file["schema_version"], kProfileSchemaVersion);
   EXPECT_EQ(file["profile_key"], profile_key(id_));
@@ -319,8 +321,8 @@ TEST_F(ProfileStoreTest, ReadOnlyDirectoryFailsAndKeepsTheSavedProfile) {
 }
 #endif  // !_WIN32
 
-// A reader holding the file open (the seed library's Python, a virus scanner) does not make a
-// save fail: POSIX renames over it; Windows refuses the replace while a handle without
+// A reader holding the file open (diffusers-dynamic-offloader's Python, a virus scanner) does not
+// make a save fail: POSIX renames over it; Windows refuses the replace while a handle without
 // FILE_SHARE_DELETE is open (the C runtime's, which std::ifstream and Python use), and the save
 // waits for it (Note [File semantics per platform] in os_file.h).
 TEST_F(ProfileStoreTest, SaveSucceedsWhileAReaderHoldsTheFileOpen) {
@@ -490,8 +492,9 @@ TEST(ProfileRecommendationTest, CandidateComputeRoundTripsAndIsChecked) {
 namespace ddo::core {
 namespace {
 
-// A named profile exactly as the seed library writes it (its calibration run with a faked CUDA
-// memory reading; python/tests/test_compat.py makes the same file through the library itself).
+// A named profile exactly as diffusers-dynamic-offloader writes it (its calibration run with a
+// faked CUDA memory reading; python/tests/test_compat.py makes the same file through the library
+// itself).
 constexpr const char* kLibraryFile = R"({
   "capacity_limits": {},
   "context": {"execution_mode": "linear_runtime", "identity_version": 2, "model_class": "Tiny",

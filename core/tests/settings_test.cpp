@@ -195,7 +195,7 @@ TEST(Settings, RatioIsClamped) {
   EXPECT_EQ(load({{"DDO_PIN_WEIGHT_BUDGET_RATIO", "0.25"}}).config.pin_weight_budget_ratio, 0.25);
 }
 
-// Issue 18: every number from the environment has a range, and an error names the variable, the
+// Every number from the environment has a range, and an error names the variable, the
 // text and the range. Bytes typed as GiB used to become -2^63 bytes through an undefined cast.
 TEST(Settings, NumbersOutOfRangeNameTheVariableAndTheRange) {
   expect_env_error({{"DDO_VRAM_CAP_GB", "16000000000"}},

@@ -11,7 +11,7 @@ library the ``ddo`` tools use::
     with offload.profile_run() as profile_report:
         latents = pipeline(**inputs, output_type="latent").images
 
-The seed's library (``diffusers_dynamic_offloader`` 0.1.0rc2) is a drop-in: its entry points,
+diffusers-dynamic-offloader 0.1.0rc2 (``diffusers_dynamic_offloader``) is a drop-in: its entry points,
 helpers and legacy host-context functions are here under its names (``ddo.compat``,
 ``ddo.legacy``), and ddo reads and writes its profile files. README "Drop-in for
 diffusers-dynamic-offloader" lists each of its names with ddo's status.
@@ -19,7 +19,7 @@ diffusers-dynamic-offloader" lists each of its names with ddo's status.
 ``ddo._C`` is private; everything public is re-exported here, and no ``_C`` class is: the one
 ``_C`` name here is ``NotFoundError``, the exception class of the error table
 (docs/design/0003-python.md, "Errors"). The legacy host-context API lives in ``ddo.legacy``
-(re-exported under the seed library's names for the drop-in); the named-profile store is
+(re-exported under diffusers-dynamic-offloader's names for the drop-in); the named-profile store is
 reached through ``load_profile``, ``list_profiles`` and ``profile_path``.
 """
 
@@ -78,7 +78,7 @@ from .profiles import list_profiles, load_profile, profile_dir, profile_key, pro
 
 __version__ = "0.1.0"
 
-DynamicOffloadLoadResult = LoadedModel  # the seed library's name for the loader's result
+DynamicOffloadLoadResult = LoadedModel  # diffusers-dynamic-offloader's name for the loader's result
 
 __all__ = [
     "DDO_PRESETS",

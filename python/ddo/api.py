@@ -233,7 +233,7 @@ class OffloadResult:
         if not self._native.active and self._native.report().get("executing", False):
             raise RuntimeError("this offload was removed; call enable_offload again")
 
-    # -- the seed library's result fields (DynamicOffloadApplyResult) --------------------------
+    # -- diffusers-dynamic-offloader's result fields (DynamicOffloadApplyResult) --------------------------
     @property
     def route(self) -> str:
         """The route this offload took: dynamic, group_block, group_leaf, device or none."""
@@ -356,7 +356,7 @@ def _check_type(name: str, value: Any, types: tuple, what: str) -> None:
 def _check_public_args(
     preset: Any, profile_name: Any, build_profile: Any, execution_device: Any, record_event: Any
 ) -> Optional[str]:
-    """Type checks at the public API, naming the argument (issue 18): without them pybind11
+    """Type checks at the public API, naming the argument: without them pybind11
     answers with its private signature, and build_profile="false" would be true."""
     if preset is not None:
         _check_type("preset", preset, (str,), 'a preset name such as "auto" or None')
@@ -578,7 +578,7 @@ def enable_offload(
         path and why. A named profile is keyed by name and model class only: a bf16 and an fp8
         run under one name share it (recalibrate, or use another name).
 
-    The seed library's keywords, with its meaning (README "Drop-in for diffusers-dynamic-
+    diffusers-dynamic-offloader's keywords, with its meaning (README "Drop-in for diffusers-dynamic-
     offloader"): ``component`` (its policy, DDO_<COMPONENT>_ROUTE, picks the route; also the
     progress label), ``route`` (auto, dynamic_offload, linear_convolution,
     diffusers_group_offload, none), ``group_offload`` / ``dynamic_offload`` / ``offload_type``

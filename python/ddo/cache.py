@@ -1,4 +1,4 @@
-"""The process-lifetime caches behind the ``warm_process`` preset (issue 20).
+"""The process-lifetime caches behind the ``warm_process`` preset.
 
 With ``cache_pinned_weights``, ``remove()`` keeps the pinned host copy of the streamed weights in
 a cache keyed by ``pinned_weight_cache_namespace``, the model class and the execution device; the

@@ -1,4 +1,4 @@
-"""The seed library's entry points and helpers under its names (diffusers-dynamic-offloader 0.1.0rc2).
+"""diffusers-dynamic-offloader's entry points and helpers under its names (diffusers-dynamic-offloader 0.1.0rc2).
 
 A script written against ``diffusers_dynamic_offloader`` keeps working when its import is
 replaced by ``ddo`` for the names below; each one forwards to ddo's own API (the C++ core).

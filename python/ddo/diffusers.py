@@ -72,7 +72,7 @@ class PipelineOffloadResult:
         self.skipped = skipped
         self.profiled_component = profiled
 
-    # A read-only mapping of component name -> OffloadResult, as the seed library's
+    # A read-only mapping of component name -> OffloadResult, as diffusers-dynamic-offloader's
     # enable_pipeline_offload returns a dict of its results.
     def __getitem__(self, name: str) -> Optional[OffloadResult]:
         return self.component(name)
@@ -173,9 +173,9 @@ def enable_pipeline_offload(
     Arguments as for ``enable_offload``; ``profile_component`` names the component the profile
     options apply to (default: the first on the dynamic route). A failure on one component
     restores the ones already done. The result also reads as a dict of component name ->
-    OffloadResult (the seed library returns a dict).
+    OffloadResult (diffusers-dynamic-offloader returns a dict).
 
-    The seed library's keywords: ``components`` (a mapping of name -> module, or the names of
+    diffusers-dynamic-offloader's keywords: ``components`` (a mapping of name -> module, or the names of
     the pipeline's components to handle), ``running_on_wsl``, ``environ``, ``use_environment``,
     ``apply_hook`` and ``offload_device`` as for ``enable_offload``; ``low_cpu_mem_usage`` is
     accepted and has no effect.

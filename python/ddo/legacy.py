@@ -1,4 +1,4 @@
-"""The seed library's legacy host-context helpers, under its names.
+"""diffusers-dynamic-offloader's legacy host-context helpers, under its names.
 
 The API: docs/design/0007-named-profiles.md, section 6.
 

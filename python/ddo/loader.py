@@ -18,7 +18,7 @@ config.json without weights (parameters on the meta device, then placeholders th
 memory), checks the safetensors files against it, and reads every tensor with several threads
 straight into the memory ddo gives it: streamed weights into their host slab, residents to the
 device. The host never holds the model twice. ``loader="library"`` calls the class's own
-``from_pretrained`` and then attaches offload (two copies on the way, the seed library's behaviour).
+``from_pretrained`` and then attaches offload (two copies on the way, diffusers-dynamic-offloader's behaviour).
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ class LoadedModel:
 
     @property
     def should_move_to_execution_device(self) -> bool:
-        """The seed library's field: True while no offload places the module."""
+        """diffusers-dynamic-offloader's field: True while no offload places the module."""
         return self.offload is None or self.offload.should_move_to_execution_device
 
 
@@ -321,7 +321,7 @@ def from_pretrained_with_dynamic_offload(
 ) -> LoadedModel:
     """Loads a component and, with ``apply_dynamic=True``, attaches offload.
 
-    ``apply_dynamic`` defaults to False as in the seed library: the host attaches offload later,
+    ``apply_dynamic`` defaults to False as in diffusers-dynamic-offloader: the host attaches offload later,
     at the execution stage, with ``enable_offload`` (and passes the profile options there).
     ``build_profile=None`` is False. ``loader``: "ddo" reads the safetensors files straight into
     place (module docstring), "library" calls ``model_loader.from_pretrained``, "auto" (default)

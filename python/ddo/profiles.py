@@ -8,7 +8,7 @@ Named profiles are created by ``enable_offload(..., profile_name=..., build_prof
     ddo.load_profile("my-workload", FluxTransformer2DModel)["recommendation"]
     ddo.list_profiles()                                 # what `ddo profiles list` shows
 
-Files are the seed library's ("ddo-capacity-v1-<24 hex>.json", identity {name, model class,
+Files are diffusers-dynamic-offloader's ("ddo-capacity-v1-<24 hex>.json", identity {name, model class,
 identity version 2, execution mode}), so profiles saved by ``diffusers_dynamic_offloader`` are
 found here and the other way round. The older host-context helpers, under the library's names,
 are in ``ddo.legacy``.
@@ -65,7 +65,7 @@ def profile_dir() -> str:
 
 def profile_key(name: str, model: Any, execution_mode: str = "linear_runtime") -> str:
     """``"ddo-capacity-v1-"`` and 24 hex digits: the key of ``{name, class qualified name,
-    identity version, execution mode}`` (the seed library's rule, computed by ddo_core)."""
+    identity version, execution mode}`` (diffusers-dynamic-offloader's rule, computed by ddo_core)."""
     return _C.profile_key(name, model_class_name(model), execution_mode)
 
 

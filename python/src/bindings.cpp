@@ -6,7 +6,7 @@
 //   json_bridge.cpp      plain Python values <-> JSON, override-name checks
 //   config_bindings.cpp  config fields, presets, the settings loader
 //   profile_bindings.cpp the named-profile store
-//   legacy_bindings.cpp  the seed library's host-context store (ddo/legacy.py)
+//   legacy_bindings.cpp  diffusers-dynamic-offloader's host-context store (ddo/legacy.py)
 //   offload_bindings.cpp enable_offload over a Python module tree, reports, the pipeline router
 //   jit_bindings.cpp     enable_offload over a TorchScript module
 #include <pybind11/pybind11.h>

@@ -1,4 +1,4 @@
-// ddo._C: the seed library's legacy host-context store (ddo/core/host_context.h), behind
+// ddo._C: diffusers-dynamic-offloader's legacy host-context store (ddo/core/host_context.h), behind
 // ddo/legacy.py. Named profiles (profile_bindings.cpp) do not need any of this.
 #include <optional>
 #include <string>

@@ -55,7 +55,8 @@ void bind_profiles(py::module_& m) {
         return core::profile_key(identity_of(name, model_class, execution_mode));
       },
       py::arg("name"), py::arg("model_class"), py::arg("execution_mode") = "linear_runtime",
-      "The capacity-file key of a named profile (the seed library's rule, in ddo_core).");
+      "The capacity-file key of a named profile (diffusers-dynamic-offloader's rule, in "
+      "ddo_core).");
   m.def("profile_file_name", [](const std::string& key) { return core::profile_file_name(key); });
   m.def("recommend_resident_budget_gb", &core::recommend_resident_budget_gb, py::arg("total_gb"),
         py::arg("peak_gb"), py::arg("headroom_gb"));

@@ -1,4 +1,4 @@
-"""ddo against the seed library (diffusers-dynamic-offloader 0.1.0rc2, a test oracle only).
+"""ddo against diffusers-dynamic-offloader (diffusers-dynamic-offloader 0.1.0rc2, a test oracle only).
 
 The same calls go through ``diffusers_dynamic_offloader`` and through ``ddo`` on the host and the
 results are compared: keys and context normalization, the legacy host-context helpers and
@@ -26,7 +26,7 @@ import ddo
 
 lib = pytest.importorskip(
     "diffusers_dynamic_offloader",
-    reason="the seed library is pinned in python/requirements-test.txt (test oracle)",
+    reason="diffusers-dynamic-offloader is pinned in python/requirements-test.txt (test oracle)",
 )
 from diffusers_dynamic_offloader.profiles import _NamedProfile  # noqa: E402  (its lifecycle)
 
@@ -114,7 +114,7 @@ def test_differs_non_finite_numbers_are_refused():
 
 def test_differs_integers_beyond_64_bits_and_deep_nesting_are_refused():
     # The library's JSON takes any int and recurses until Python's recursion limit; ddo's files
-    # hold 64-bit integers and at most 64 levels (issue 18), and says so.
+    # hold 64-bit integers and at most 64 levels, and says so.
     lib.normalize_dynamic_offload_profile_context({"x": 2**70})
     with pytest.raises(ValueError, match="64 bits"):
         ddo.normalize_dynamic_offload_profile_context({"x": 2**70})
@@ -129,7 +129,7 @@ def test_profile_dir_rule_matches(monkeypatch, tmp_path):
     for arg in (None, str(tmp_path / "a"), "~/q", "rel/q"):
         assert ddo.get_dynamic_offload_profile_dir(arg) == lib.get_dynamic_offload_profile_dir(arg)
     # Differs on purpose: an empty profile_dir gives the library ~/.ddo/profiles even when
-    # DDO_PROFILE_DIR is set; ddo treats "" as not given, so DDO_PROFILE_DIR still wins (seed:
+    # DDO_PROFILE_DIR is set; ddo treats "" as not given, so DDO_PROFILE_DIR still wins (the contract:
     # "DDO_PROFILE_DIR overrides the directory").
     assert ddo.get_dynamic_offload_profile_dir("") == ddo.get_dynamic_offload_profile_dir()
     for env in (str(tmp_path / "e"), "~/p"):

@@ -130,7 +130,7 @@ def test_profile_dir_and_keys(profile_dir, monkeypatch):
     monkeypatch.delenv("DDO_PROFILE_DIR")
     monkeypatch.setenv("HOME", "/tmp/ddo-home-test")
     assert ddo.profile_dir() == os.path.join("/tmp/ddo-home-test", ".ddo", "profiles")
-    # The seed library's key: "ddo-capacity-v1-" and 24 hex digits of the identity's hash.
+    # diffusers-dynamic-offloader's key: "ddo-capacity-v1-" and 24 hex digits of the identity's hash.
     key = ddo.profile_key("video-5s", "FluxTransformer2DModel")
     assert key.startswith("ddo-capacity-v1-") and len(key) == len("ddo-capacity-v1-") + 24
     assert key != ddo.profile_key("video-8s", "FluxTransformer2DModel")
@@ -158,7 +158,7 @@ def test_legacy_host_context_session(profile_dir):
         ddo.normalize_dynamic_offload_profile_context({"x": float("nan")})
     with pytest.raises(TypeError, match="object"):
         ddo.normalize_dynamic_offload_profile_context({"x": object()})
-    # The seed library's session API (python/tests/test_compat.py compares it with the library).
+    # diffusers-dynamic-offloader's session API (python/tests/test_compat.py compares it with the library).
     session = ddo.DynamicOffloadProfileSession(ctx, {"model": "flux", "gpu": "4090"})
     metric = {"metric": "resident_budget_gb"}
     session.record_success({"status": "success", "capacity": {**metric, "value": 6.0}},

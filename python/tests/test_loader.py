@@ -1,4 +1,4 @@
-"""ddo's loader (issue 16, docs/design/0008-loading-and-reports.md): diffusers and transformers
+"""ddo's loader: diffusers and transformers
 components written by their own save_pretrained (one file and sharded), read by ddo straight into
 place on the sim device, and compared with the libraries' own from_pretrained; bad directories and
 files give errors that name the file and tensor and leave nothing attached; a load's peak RSS stays

@@ -58,7 +58,7 @@ def test_calibrate_save_reuse(profile_dir):
     assert report["path"] == path
     assert os.path.dirname(path) == str(profile_dir)
     record = ddo.load_profile("my-workload", model)
-    # The seed library's file: its identity is the "context", its budget key its own.
+    # diffusers-dynamic-offloader's file: its identity is the "context", its budget key its own.
     assert record["context"]["name"] == "my-workload"
     assert record["context"]["model_class"] == "TinyNet"  # the class qualified name
     assert record["context"]["execution_mode"] == "linear_runtime"
@@ -126,8 +126,8 @@ def test_no_name_disables_profile_lookup():
 
 
 def test_manual_budget_wins_over_the_profile():
-    # The seed library reports {"name", "status": "disabled"} and does not load the profile;
-    # ddo says the same and keeps its fields that say why (issue 17).
+    # diffusers-dynamic-offloader reports {"name", "status": "disabled"} and does not load the profile;
+    # ddo says the same and keeps its fields that say why.
     model, pipeline, inputs = make_workload()
     seed_run(model, pipeline, inputs, calibrate=True)
     _, report = seed_run(model, pipeline, inputs, calibrate=False, resident_module_budget_gb=0.25)

@@ -1,4 +1,4 @@
-"""Issue 18 from Python: a device index out of range is a clear error on every route.
+"""From Python: a device index out of range is a clear error on every route.
 
 ``execution_device="sim:99999999999"`` reached the adapter's ``std::stoi`` and surfaced as
 ``stoi``; now every way of naming the device (the argument, a config mapping or object, settings
@@ -38,7 +38,7 @@ def routes(model):
             settings=ddo.DynamicOffloadSettings.from_env(execution_device=BAD),
             **NO_DEVICE,
         ),
-        "seed settings loader": lambda: ddo.load_dynamic_offload_settings_from_env(
+        "settings loader (library name)": lambda: ddo.load_dynamic_offload_settings_from_env(
             execution_device=BAD
         ),
         "pipeline": lambda: ddo.enable_pipeline_offload(

@@ -1,4 +1,4 @@
-"""SDNQ checkpoints through ddo's loader (issue 16): a tiny FLUX transformer quantized by the
+"""SDNQ checkpoints through ddo's loader: a tiny FLUX transformer quantized by the
 ``sdnq`` package (the test oracle) and written by its ``save_sdnq_model``, loaded by ddo straight
 into place on the sim device, gives the outputs of the package's own ``load_sdnq_model``; the
 packed tensors stream as one unit per layer and are read as they lie in the file."""

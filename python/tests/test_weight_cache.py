@@ -1,4 +1,4 @@
-"""Repeat generations in one process (issue 20): with cache_pinned_weights (the warm_process
+"""Repeat generations in one process: with cache_pinned_weights (the warm_process
 preset) a second attach of the same model reuses the pinned host slabs -- nothing pinned, nothing
 copied -- and the plan; a weight changed in place is not served stale; two models share the cache
 without mixing; a small RAM budget evicts; clearing works; outputs stay equal throughout."""

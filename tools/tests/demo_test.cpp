@@ -1,4 +1,4 @@
-// `ddo demo` shows what calibration buys (issue 18): on the host simulation the saved budget keeps
+// `ddo demo` shows what calibration buys: on the host simulation the saved budget keeps
 // some blocks resident, so the second run streams less and its copies take less time, and its
 // output says so; its profiles stay apart from ~/.ddo/profiles. Runs the built program
 // (DDO_PROGRAM, set by tools/CMakeLists.txt) as a user does.
@@ -38,8 +38,9 @@ class DemoTest : public ::testing::Test {
   fs::path home_;
 };
 
-// Before: the simulated card was 60% of the model, the saved budget held no block, and the second
-// run streamed exactly as much as the first; and the demo's profiles went to ~/.ddo/profiles.
+// Guards against: the simulated card was 60% of the model, the saved budget held no block, and the
+// second run streamed exactly as much as the first; and the demo's profiles went to
+// ~/.ddo/profiles.
 TEST_F(DemoTest, SecondRunKeepsBlocksResidentStreamsLessAndSaysSo) {
   const std::string args = "demo --profile t --device sim --size small --steps 2";
   Result heading = run_ddo(env(), args + " --calibrate");

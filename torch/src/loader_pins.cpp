@@ -23,12 +23,12 @@ namespace internal {
 
 // Note [Loader pins]
 // ~~~~~~~~~~~~~~~~~~
-// The seed's deferred flow loads a component early (apply_dynamic=False) and attaches offload
-// later, at the execution stage. Loaded into ordinary CPU tensors, the weights were copied a
-// second time at the attach, into fresh pinned slabs: setup paid a full memcpy and a pin of the
-// streamed bytes again, and host RAM briefly held both copies of each chunk. Instead the loader
-// reads the weights the attach will stream and pin (below) straight into pinned host slabs for
-// the execution device the offload settings name (HostSlabs: exact-size slabs, registered after
+// diffusers-dynamic-offloader's deferred flow loads a component early (apply_dynamic=False) and
+// attaches offload later, at the execution stage. Loaded into ordinary CPU tensors, the weights
+// were copied a second time at the attach, into fresh pinned slabs: setup paid a full memcpy and a
+// pin of the streamed bytes again, and host RAM briefly held both copies of each chunk. Instead the
+// loader reads the weights the attach will stream and pin (below) straight into pinned host slabs
+// for the execution device the offload settings name (HostSlabs: exact-size slabs, registered after
 // the read), and each becomes a CPU tensor over its slab entry whose storage deleter marks it, as
 // managed weights are marked. enable_offload then streams a unit of one loader-pinned tensor from
 // where it lies: no slab, no copy, no pin (setup.loader_pins.adopted_bytes). What it may not adopt

@@ -41,8 +41,8 @@ Status MemoryProbe::start_sampling(std::chrono::milliseconds period) {
                   internal::str_cat("a memory measurement is already running on ", device_name(),
                                     " through this probe; call stop_sampling() first"));
   }
-  // The seed's order: queued work first, so that the peak counters and the start reading see
-  // the state the region really starts from.
+  // diffusers-dynamic-offloader's order: queued work first, so that the peak counters and the start
+  // reading see the state the region really starts from.
   synchronize();
   reset_peak();
   start_ = snapshot();

@@ -19,7 +19,7 @@ namespace internal {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A calibration or probe region that sees remove() measured part of a run on the offloaded model
 // and part on an ordinary one (or none): saving it replaced a good recommendation with a
-// number of no meaning (issue 18). Two answers were possible: refuse remove() while a region is
+// number of no meaning. Two answers were possible: refuse remove() while a region is
 // open, or let it happen and fail the region. The region fails, with nothing saved: remove() is
 // also what Offload's destructor and error paths call (they must restore the model and cannot
 // throw), and a host that removes the model mid-region, e.g. while handling its own error,
@@ -74,8 +74,8 @@ std::unique_ptr<RegionState> open_region(OffloadState& offload) {
 }
 
 namespace {
-// show_profile: the profile report in one line on stderr at the end of profile_run(), as the
-// seed prints it (no iostreams: Note [No iostreams] in ddo/core/status.h).
+// show_profile: the profile report in one line on stderr at the end of profile_run(), as
+// diffusers-dynamic-offloader prints it (no iostreams: Note [No iostreams] in ddo/core/status.h).
 void print_profile_line(const nlohmann::json& report) {
   std::string line = "ddo profile:";
   for (const char* key : {"name", "status", "resident_budget_gb", "budget_source",

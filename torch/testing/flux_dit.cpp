@@ -285,7 +285,7 @@ struct SingleAttentionImpl : Module {
 };
 
 // diffusers' FluxSingleTransformerBlock. Its `proj_out` matches the default always-resident
-// pattern exactly as it does on the real model (see the report of issue 7's benchmark).
+// pattern exactly as it does on the real model.
 struct SingleBlockImpl : Module {
   SingleBlockImpl(WeightSource& w, const FluxDiTOptions& o, double out_gain) {
     norm = register_module("norm", AdaNorm(w, o.hidden, 3));

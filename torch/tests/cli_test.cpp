@@ -51,7 +51,7 @@ TEST_F(CliTest, UnknownCommandIsNamedWithTheChoices) {
   EXPECT_NE(r.output.find("'frobnicate'"), std::string::npos) << r.output;
 }
 
-// Before: "no profiles in ..." and exit status 0.
+// Guards against: "no profiles in ..." and exit status 0.
 TEST_F(CliTest, ProfileDirectoryThatIsAFileIsAnError) {
   const fs::path file = dir_.path() / "file";
   std::ofstream(file) << "x";
@@ -60,7 +60,7 @@ TEST_F(CliTest, ProfileDirectoryThatIsAFileIsAnError) {
   EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
 }
 
-// Before: `--device sim:99999999999` said "stoi".
+// Guards against: `--device sim:99999999999` said "stoi".
 TEST_F(CliTest, DeviceTextIsValidatedWithAClearMessage) {
   for (const char* device : {"sim:99999999999", "sim:-1", "sim:", "sim:1x", "gpu:0"}) {
     const Result r =
@@ -72,7 +72,7 @@ TEST_F(CliTest, DeviceTextIsValidatedWithAClearMessage) {
   }
 }
 
-// Before: a torch backtrace that did not mention the simulation.
+// Guards against: a torch backtrace that did not mention the simulation.
 TEST_F(CliTest, CudaWithoutAGpuSaysToUseSim) {
   if (engine::cuda_available()) GTEST_SKIP() << "a GPU is present";
   const Result r = run_ddo(profile_env(), "demo --profile t --size tiny --device cuda:0");
@@ -81,7 +81,7 @@ TEST_F(CliTest, CudaWithoutAGpuSaysToUseSim) {
   EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
 }
 
-// Before: the demo always ran the auto preset.
+// Guards against: the demo always ran the auto preset.
 TEST_F(CliTest, DemoTakesItsPresetFromDdoPresetUnlessOneIsPassed) {
   const std::string args = "demo --profile t --size tiny --device sim --steps 1 --json";
   Result r = run_ddo(profile_env() + " DDO_PRESET=low_ram_safe", args, /*with_stderr=*/false);

@@ -1,4 +1,4 @@
-// Fault injection inside a calibration region (issue 18), at the torch level: the simulation
+// Fault injection inside a calibration region, at the torch level: the simulation
 // device (engine/sim_faults.h) fails a device allocation in setup, an allocation and a copy in
 // the middle of a step, and a pin. Each time the failure reaches the host as a ddo::Error whose
 // code says what ran out or broke and whose message names the call that failed; the model gives

@@ -1,4 +1,4 @@
-// The loader from C++ (issue 16; ddo/torch/loader.h): a LibTorch module's weights written as a
+// The loader from C++ (ddo/torch/loader.h): a LibTorch module's weights written as a
 // safetensors file, the module released to placeholders, then loaded straight into place on the
 // sim device; a failed setup leaves placeholders, mismatches are one clear error.
 #include "ddo/torch/loader.h"

@@ -1,4 +1,4 @@
-// OffloadOptions::preset (issue 18): a preset the code did not choose comes from DDO_PRESET, as the
+// OffloadOptions::preset: a preset the code did not choose comes from DDO_PRESET, as the
 // regular settings loader does (docs/design/0006-configuration.md, section 2); one the code chose
 // wins over the environment.
 #include <gtest/gtest.h>

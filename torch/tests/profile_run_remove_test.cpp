@@ -1,4 +1,4 @@
-// remove() inside a profile_run() region (issue 18): a calibration region that sees the model
+// remove() inside a profile_run() region: a calibration region that sees the model
 // restored must save nothing and say why (Note [remove() inside a measured region] in
 // torch/src/profile_run.cpp); a region that does not measure is unaffected.
 #include <gtest/gtest.h>
@@ -42,8 +42,8 @@ OffloadOptions options(const TempDir& dir, bool calibrate) {
   return o;
 }
 
-// Before: the region ended normally and replaced the saved recommendation with one measured on
-// a half-removed model.
+// Guards against: the region ended normally and replaced the saved recommendation with one measured
+// on a half-removed model.
 TEST(ProfileRunRemove, RemoveInsideACalibrationRegionSavesNothingAndSaysWhy) {
   torch::manual_seed(3);
   Model model;

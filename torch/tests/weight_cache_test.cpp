@@ -1,4 +1,4 @@
-// The pinned-weight and plan caches (issue 20; Note [Pinned-weight cache] in
+// The pinned-weight and plan caches (Note [Pinned-weight cache] in
 // torch/src/weight_cache.cpp): a second attach of the same model pins nothing and copies nothing,
 // a weight changed in place or re-pointed is not served stale, a small RAM budget evicts, two
 // models share the cache without mixing, and clearing works.

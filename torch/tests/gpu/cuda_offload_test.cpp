@@ -115,8 +115,8 @@ TEST(CudaOffload, Bf16OutputsEqualResidentWithinRounding) {
   }
 }
 
-// The seed's lifecycle on the card: calibrate under a cap, save, apply; the driver-view peak
-// (sampled every millisecond, plus the allocator's peak) never passes the cap.
+// diffusers-dynamic-offloader's lifecycle on the card: calibrate under a cap, save, apply; the
+// driver-view peak (sampled every millisecond, plus the allocator's peak) never passes the cap.
 TEST(CudaOffload, CalibrationAndReuseStayInsideTheCap) {
   DDO_SKIP_WITHOUT_GPU();
   GpuDit dit(c10::ScalarType::Float);

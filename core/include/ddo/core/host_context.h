@@ -2,9 +2,9 @@
 /// The legacy host-context profile API, kept for existing integrations
 /// (docs/design/0007-named-profiles.md, section 6).
 ///
-/// Before named profiles, a host described its workload as an arbitrary JSON "context" (model,
-/// resolution, steps, GPU, ...) and recorded observations under it. The files are the seed
-/// library's (diffusers-dynamic-offloader 0.1.0rc2): a context is normalized (a non-empty object,
+/// A host that predates named profiles describes its workload as an arbitrary JSON "context"
+/// (model, resolution, steps, GPU, ...) and records observations under it. The files are
+/// diffusers-dynamic-offloader 0.1.0rc2's: a context is normalized (a non-empty object,
 /// keys sorted, only JSON-safe values) and named by capacity_key (profile_store.h), the same rule
 /// and folder as named profiles, whose identity is just another context. A file holds the
 /// context, the last 20 observations as the host wrote them, the per-metric capacity limits and
@@ -47,7 +47,7 @@ namespace ddo::core {
 
 /// The "schema_version" of a context file.
 inline constexpr int kContextSchemaVersion = kProfileSchemaVersion;
-/// One key space with named profiles (the seed library's): "ddo-capacity-v1-<24 hex>".
+/// One key space with named profiles (diffusers-dynamic-offloader's): "ddo-capacity-v1-<24 hex>".
 inline constexpr std::string_view kContextFilePrefix = kProfileFilePrefix;
 /// Observations kept per context, oldest dropped first.
 inline constexpr std::size_t kMaxContextObservations = kMaxProfileObservations;
@@ -57,13 +57,13 @@ inline constexpr std::size_t kMaxContextBytes = std::size_t{64} << 10;
 
 /// A copy of `context` with keys sorted, holding only null, bool, number, string, arrays and
 /// objects, nested at most kMaxJsonDepth deep and at most kMaxContextBytes as JSON. Throws
-/// ddo::Error (kInvalidArgument): for a context that is not a non-empty object (the seed
-/// library's rule), and naming the offending path for NaN or infinite numbers, binary values,
-/// discarded values, deeper nesting or a larger context.
+/// ddo::Error (kInvalidArgument): for a context that is not a non-empty object
+/// (diffusers-dynamic-offloader's rule), and naming the offending path for NaN or infinite numbers,
+/// binary values, discarded values, deeper nesting or a larger context.
 nlohmann::json normalize_context(const nlohmann::json& context);
 
-/// capacity_key(normalize_context(context)): "ddo-capacity-v1-" and 24 hex digits, the key the
-/// seed library's dynamic_offload_profile_key gives. Throws like normalize_context.
+/// capacity_key(normalize_context(context)): "ddo-capacity-v1-" and 24 hex digits, the key
+/// diffusers-dynamic-offloader's dynamic_offload_profile_key gives. Throws like normalize_context.
 std::string context_key(const nlohmann::json& context);
 /// "<key>.json".
 std::string context_file_name(std::string_view key);
@@ -71,8 +71,8 @@ std::string context_file_name(std::string_view key);
 std::filesystem::path context_path(const std::filesystem::path& directory,
                                    const nlohmann::json& context);
 
-/// One capacity file as the seed library writes it. Observations and the recommendation are the
-/// host's own JSON objects (normalized); fields ddo does not know are kept in `extra`.
+/// One capacity file as diffusers-dynamic-offloader writes it. Observations and the recommendation
+/// are the host's own JSON objects (normalized); fields ddo does not know are kept in `extra`.
 struct ContextRecord {
   std::string context_key;  ///< context_key(context): the file name without ".json"
   nlohmann::json context;   ///< normalized
@@ -126,7 +126,7 @@ class HostContextStore {
   HostContextStoreOptions options_;
 };
 
-/// Pairs an exact execution context with a wider capacity context (the seed library's
+/// Pairs an exact execution context with a wider capacity context (diffusers-dynamic-offloader's
 /// DynamicOffloadProfileSession).
 class DynamicOffloadProfileSession {
  public:

@@ -200,9 +200,9 @@ struct Plan {
 };
 
 /// The runtime a model runs under (one rule for the planner, the adapter and calibration):
-/// linear_runtime on a model with SDNQ layers becomes sdnq_runtime (the seed picks the runtime
-/// from the model); sdnq_runtime on a model without any throws kInvalidArgument; other modes
-/// are returned as they are.
+/// linear_runtime on a model with SDNQ layers becomes sdnq_runtime (diffusers-dynamic-offloader
+/// picks the runtime from the model); sdnq_runtime on a model without any throws kInvalidArgument;
+/// other modes are returned as they are.
 ExecutionMode resolve_execution_mode(ExecutionMode requested, const ModelInventory& inventory);
 
 /// Builds the plan. Throws ddo::Error(kInvalidArgument) for a malformed pattern, a negative budget

@@ -2,13 +2,13 @@
 /// ProfileStore: named workload profiles on disk (docs/design/0007-named-profiles.md, section 2).
 ///
 /// A profile is identified by {user-supplied name, model class qualified name, identity version,
-/// execution mode}. The files are the seed library's (diffusers-dynamic-offloader 0.1.0rc2), so a
+/// execution mode}. The files are diffusers-dynamic-offloader 0.1.0rc2's, so a
 /// user who switches keeps their profiles and can switch back: every profile and every legacy
 /// host context is a "capacity file" named "ddo-capacity-v1-" plus the first 24 hex digits of the
 /// SHA-256 of the identity's (or context's) canonical JSON, where canonical JSON is byte for byte
 /// what Python's json.dumps(value, sort_keys=True, separators=(",", ":")) writes. The readable
-/// name and class are stored inside, under "context". See Note [The seed library's files].
-/// The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
+/// name and class are stored inside, under "context". See Note [diffusers-dynamic-offloader's
+/// files]. The directory is DDO_PROFILE_DIR, else ~/.ddo/profiles.
 ///
 /// Every write is a read-modify-write under an exclusive lock on a sibling "<file>.lock", and the
 /// new content replaces the old by rename, so two processes saving the same profile keep each
@@ -51,12 +51,13 @@ namespace ddo::core {
 
 /// The "schema_version" ddo writes and reads; a file of another version is refused, not guessed at.
 inline constexpr int kProfileSchemaVersion = 1;
-/// The seed library's identity version 2: {name, model_class, identity_version, execution_mode}.
+/// diffusers-dynamic-offloader's identity version 2: {name, model_class, identity_version,
+/// execution_mode}.
 inline constexpr int kProfileIdentityVersion = 2;
 /// Observations kept per profile, oldest dropped first.
 inline constexpr std::size_t kMaxProfileObservations = 20;
-/// Named profiles and host contexts share one key space, as in the seed library: the key is the
-/// prefix plus kProfileKeyHexDigits hex digits, and the file is "<key>.json".
+/// Named profiles and host contexts share one key space, as in diffusers-dynamic-offloader: the key
+/// is the prefix plus kProfileKeyHexDigits hex digits, and the file is "<key>.json".
 inline constexpr std::string_view kProfileFilePrefix = "ddo-capacity-v1-";
 inline constexpr std::size_t kProfileKeyHexDigits = 24;  ///< hex digits of SHA-256 in a key
 
@@ -91,8 +92,8 @@ std::string sha256_hex(std::string_view data);
 /// Compact JSON with object keys sorted, byte for byte as Python's
 /// json.dumps(value, sort_keys=True, separators=(",", ":")) writes it (ASCII only, `\uXXXX`
 /// escapes, floats as Python's repr: 1.0, 1e-05, 1e+16). The key rule hashes this text, so a key
-/// computed here equals the one the seed library computes for the same value. Throws ddo::Error
-/// (kInvalidArgument) for a string that is not valid UTF-8.
+/// computed here equals the one diffusers-dynamic-offloader computes for the same value. Throws
+/// ddo::Error (kInvalidArgument) for a string that is not valid UTF-8.
 std::string canonical_json(const nlohmann::json& value);
 
 /// The key of a capacity file: kProfileFilePrefix plus the first kProfileKeyHexDigits hex digits
@@ -107,7 +108,8 @@ std::string utc_now_iso8601();
 /// home is HOME, else USERPROFILE; on Windows USERPROFILE, else HOME, else the system's profile
 /// folder (SHGetKnownFolderPath). Throws ddo::Error (kFailedPrecondition) when there is none.
 /// `env` is the process environment as a map.
-/// A leading "~" in DDO_PROFILE_DIR is the home folder (the seed library expands it too).
+/// A leading "~" in DDO_PROFILE_DIR is the home folder (diffusers-dynamic-offloader expands it
+/// too).
 std::filesystem::path resolve_profile_dir(const std::map<std::string, std::string>& env);
 
 /// Sink for "ignored a file" warnings; the default prints "ddo: warning: ..." to stderr.
@@ -227,7 +229,7 @@ Status version_field(const nlohmann::json& object, const char* key, std::string_
 
 /// Records one result: a success raises max_success, a failure lowers min_failure.
 void update_limits(CapacityLimits& limits, const std::string& metric, double value, bool success);
-/// The seed library's rule for an observation object: {"status": "success" | "failure",
+/// diffusers-dynamic-offloader's rule for an observation object: {"status": "success" | "failure",
 /// "capacity": {"metric": M, "value": V}} with M a non-empty string and V a number raises
 /// max_success or lowers min_failure of that metric; any other observation leaves the limits as
 /// they are.
@@ -248,8 +250,8 @@ struct ProfileIdentity {
   std::string name;         ///< user-supplied, stored verbatim
   std::string model_class;  ///< fully qualified C++ class name, or Python class qualified name
   /// The execution mode's spelling ("linear_runtime", "sdnq_runtime", "plan"): a dense
-  /// calibration says nothing about an SDNQ run of the same name, so the seed library keys them
-  /// apart.
+  /// calibration says nothing about an SDNQ run of the same name, so diffusers-dynamic-offloader
+  /// keys them apart.
   std::string execution_mode = "linear_runtime";
   int identity_version = kProfileIdentityVersion;  ///< see kProfileIdentityVersion
 
