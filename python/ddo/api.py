@@ -353,6 +353,19 @@ def _check_type(name: str, value: Any, types: tuple, what: str) -> None:
         raise TypeError(f"{name} must be {what}, not {value!r} ({type(value).__name__})")
 
 
+def _check_text(name: str, value: Any) -> None:
+    """A str argument that C++ receives must be text UTF-8 can carry: a lone surrogate
+    ('\\ud800', from a mis-decoded file name) would fail in the binding with its signature."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{name}={value!r} is not valid text (character {e.start}, {value[e.start]!r}, is "
+                "a lone surrogate); pass a name made of ordinary characters"
+            ) from None
+
+
 def _check_public_args(
     preset: Any, profile_name: Any, build_profile: Any, execution_device: Any, record_event: Any
 ) -> Optional[str]:
@@ -369,6 +382,9 @@ def _check_public_args(
         )
     if isinstance(execution_device, torch.device):
         execution_device = str(execution_device)
+    for name, text in (("preset", preset), ("profile_name", profile_name),
+                       ("execution_device", execution_device)):
+        _check_text(name, text)
     if execution_device is not None:
         _check_type("execution_device", execution_device, (str,), 'a device such as "cuda:0"')
     if record_event is not None and not callable(record_event):

@@ -43,6 +43,12 @@ def pipeline_components(pipeline: Any) -> tuple[dict[str, nn.Module], dict[str, 
     if not isinstance(raw, Mapping):
         if isinstance(pipeline, Mapping):
             raw = pipeline
+        elif isinstance(pipeline, nn.Module) or not hasattr(pipeline, "__dict__"):
+            raise TypeError(
+                "enable_pipeline_offload takes a pipeline (a diffusers DiffusionPipeline, an "
+                f"object with nn.Module attributes or a dict of them), not {type(pipeline).__name__}"
+                "; for one model use enable_offload"
+            )
         else:
             raw = {k: v for k, v in vars(pipeline).items() if not k.startswith("_")}
     modules: dict[str, nn.Module] = {}

@@ -104,3 +104,16 @@ def test_resource_exhausted_in_setup_is_out_of_memory_and_leaves_the_model():
     assert not hasattr(model, "_ddo_offload")
     assert not _C.is_managed(model.blocks[0][0].weight)
     assert torch.equal(model(ids), expected)
+
+
+def test_arguments_python_cannot_hand_to_cpp_name_themselves():
+    """A non-pipeline to enable_pipeline_offload and a name that is not UTF-8 text are errors that
+    say what to pass, not the binding's signature or vars()'s message."""
+    with pytest.raises(TypeError, match="enable_pipeline_offload takes a pipeline .* not int"):
+        ddo.enable_pipeline_offload(42)
+    with pytest.raises(TypeError, match="not Linear; for one model use enable_offload"):
+        ddo.enable_pipeline_offload(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"profile_name='\\ud800' is not valid text"):
+        ddo.enable_offload(torch.nn.Linear(4, 4), profile_name="\ud800", execution_device="sim")
+    with pytest.raises(ValueError, match="more than 2\\^48 elements"):
+        torch.ops.ddo.sdnq_layout_code("int8", torch.bfloat16, 2**40, 2**40, 0, False)

@@ -9,6 +9,8 @@ namespace ddo::sdnq {
 namespace {
 
 constexpr std::int64_t kLayoutVersion = 2;
+// The most elements a layout describes: 2^48 (a 16M x 16M weight).
+constexpr std::int64_t kMaxLayoutElements = std::int64_t{1} << 48;
 
 constexpr std::array<std::pair<QuantType, const char*>, 6> kTypeNames = {{
     {QuantType::kInt8, "int8"},
@@ -142,6 +144,12 @@ Layout Layout::decode(c10::IntArrayRef code) {
   l.quantized_matmul = v1 ? l.transposed : code[7] != 0;
   DDO_CHECK(l.out > 0 && l.in > 0, Code::kInvalidArgument, "SDNQ layout code: shape [", l.out, ", ",
             l.in, "] must be positive");
+  // Every size derived from the shape (elements, packed bytes, the dequantized float32 bytes)
+  // stays far inside int64 below this; a larger product would wrap in those computations.
+  DDO_CHECK(l.out <= kMaxLayoutElements / l.in, Code::kInvalidArgument, "SDNQ layout code: shape [",
+            l.out, ", ", l.in,
+            "] has more than 2^48 elements; no Linear weight is that large, so "
+            "the code is damaged");
   DDO_CHECK(l.group_size >= 0 && (l.group_size == 0 || l.in % l.group_size == 0),
             Code::kInvalidArgument, "SDNQ layout code: group size ", l.group_size,
             " must be 0 (per row) or divide the ", l.in, " input features");

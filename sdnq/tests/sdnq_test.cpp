@@ -114,6 +114,27 @@ TEST(SdnqLayout, EncodeDecodeRoundTripAndBadCodes) {
   EXPECT_EQ(parse_quant_type("float8_e4m3fn"), QuantType::kFloat8E4M3);
 }
 
+TEST(SdnqLayout, ShapesWhoseSizesWouldWrapAreRefused) {
+  // 2^62 x 4 elements: out * in wraps int64 in every size derived from it.
+  const Layout wraps{QuantType::kUint4, at::kBFloat16, std::int64_t{1} << 62, 4, 0, false};
+  try {
+    (void)Layout::decode(wraps.encode());
+    ADD_FAILURE() << "a shape of 2^64 elements was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 2^48 elements"), std::string::npos) << e.what();
+  }
+  const Layout large{
+      QuantType::kInt8, at::kBFloat16, std::int64_t{1} << 24, std::int64_t{1} << 24, 0, false};
+  EXPECT_EQ(Layout::decode(large.encode()), large);  // 2^48 exactly: accepted
+  const Layout over{QuantType::kInt8,
+                    at::kBFloat16,
+                    (std::int64_t{1} << 24) + 1,
+                    std::int64_t{1} << 24,
+                    0,
+                    false};
+  EXPECT_THROW((void)Layout::decode(over.encode()), Error);
+}
+
 TEST(SdnqLayout, CheckNamesTheWrongTensor) {
   Layout layout{QuantType::kInt8, at::kBFloat16, 4, 8, 0, false};
   QuantizedWeight w;
