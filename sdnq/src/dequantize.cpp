@@ -89,7 +89,16 @@ at::Tensor linear(const at::Tensor& input, const QuantizedWeight& w, const at::T
   if (layout.quantized_matmul) {
     const LinearPathChoice choice = choose_linear_path(layout, w, input);
     if (choice.path != LinearPath::kDequantize) {
-      return quantized_linear(input, w, bias, layout, choice.path);
+      layout.check(w);  // ddo's own checks raise as themselves, outside the fallback below
+      try {
+        return quantized_linear(input, w, bias, layout, choice.path);
+      } catch (const c10::Error& e) {
+        // Note [A GEMM that fails is tried once] in quantized_matmul.cpp.
+        disable_gemm_path(choice.path, gemm_target(w.weight.device()));
+        TORCH_WARN("ddo: the ", to_string(choice.path), " of a quantized layer failed on ",
+                   w.weight.device().str(), " (", e.what_without_backtrace(),
+                   "); quantized layers there dequantize from now on");
+      }
     }
   }
   const at::Tensor weight = dequantize(w, layout);

@@ -1,5 +1,9 @@
 #include "ddo/sdnq/quantized_matmul.h"
 
+#include <algorithm>
+#include <array>
+#include <atomic>
+
 #include <ATen/ATen.h>
 #ifdef DDO_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -75,9 +79,66 @@ GemmTarget gemm_target(c10::Device device) {
   return target;
 }
 
-LinearPathChoice choose_linear_path(const Layout& layout, c10::ScalarType scale_dtype,
-                                    c10::ScalarType input_dtype, std::int64_t rows,
-                                    const GemmTarget& target) {
+namespace {
+
+// Note [A GEMM that fails is tried once]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The capability rules of choose_linear_path say which card has the GEMM; a torch build or a
+// cuBLASLt can still lack it for a shape or a dtype, and torch raises before anything runs. The
+// layer then dequantizes (the same result within the tests' bounds) and the path is marked for
+// that kind of card, one flag per (path, capability), so the next layers do not raise and catch
+// again: a relaxed load per call on the hot path.
+constexpr int kCapabilities = 256;  // capability major * 10 + minor, clamped
+std::array<std::atomic<bool>, kCapabilities> g_int8_disabled{};
+std::array<std::atomic<bool>, kCapabilities> g_fp8_disabled{};
+std::atomic<int> g_int8_failures_for_testing{0};
+std::atomic<int> g_fp8_failures_for_testing{0};
+
+std::atomic<bool>& disabled_flag(LinearPath path, const GemmTarget& target) {
+  const int index = target.type == c10::DeviceType::CUDA
+                        ? std::clamp(target.capability, 1, kCapabilities - 1)
+                        : 0;  // the CPU and the simulation
+  return path == LinearPath::kInt8Gemm ? g_int8_disabled[index] : g_fp8_disabled[index];
+}
+
+// Raises as an unsupported GEMM would, while a test asked for it.
+void maybe_fail_for_testing(LinearPath path) {
+  std::atomic<int>& left =
+      path == LinearPath::kInt8Gemm ? g_int8_failures_for_testing : g_fp8_failures_for_testing;
+  int n = left.load(std::memory_order_relaxed);
+  while (n > 0 && !left.compare_exchange_weak(n, n - 1)) {
+  }
+  TORCH_CHECK(n <= 0, "injected GEMM failure (fail_gemm_calls_for_testing)");
+}
+
+}  // namespace
+
+void disable_gemm_path(LinearPath path, const GemmTarget& target) {
+  if (path == LinearPath::kDequantize) return;
+  disabled_flag(path, target).store(true, std::memory_order_relaxed);
+}
+
+bool gemm_path_disabled(LinearPath path, const GemmTarget& target) {
+  if (path == LinearPath::kDequantize) return false;
+  return disabled_flag(path, target).load(std::memory_order_relaxed);
+}
+
+void fail_gemm_calls_for_testing(LinearPath path, int count) {
+  (path == LinearPath::kInt8Gemm ? g_int8_failures_for_testing : g_fp8_failures_for_testing)
+      .store(count);
+}
+
+void reset_gemm_paths_for_testing() {
+  for (auto* flags : {&g_int8_disabled, &g_fp8_disabled}) {
+    for (std::atomic<bool>& flag : *flags) flag.store(false);
+  }
+}
+
+namespace {
+
+LinearPathChoice choose_capable_path(const Layout& layout, c10::ScalarType scale_dtype,
+                                     c10::ScalarType input_dtype, std::int64_t rows,
+                                     const GemmTarget& target) {
   using P = LinearPath;
   if (!layout.quantized_matmul || !is_matmul_type(layout.type) || layout.group_size != 0) {
     return {P::kDequantize, "the layout dequantizes (not a per-row quantized_matmul layer)"};
@@ -114,6 +175,22 @@ LinearPathChoice choose_linear_path(const Layout& layout, c10::ScalarType scale_
     return {P::kFp8Gemm, "fp8 GEMM (CPU: its float32 reference)"};
   }
   return {P::kDequantize, "no quantized GEMM on this device type"};
+}
+
+}  // namespace
+
+LinearPathChoice choose_linear_path(const Layout& layout, c10::ScalarType scale_dtype,
+                                    c10::ScalarType input_dtype, std::int64_t rows,
+                                    const GemmTarget& target) {
+  const LinearPathChoice choice =
+      choose_capable_path(layout, scale_dtype, input_dtype, rows, target);
+  if (gemm_path_disabled(choice.path, target)) {
+    return {LinearPath::kDequantize,
+            choice.path == LinearPath::kInt8Gemm
+                ? "the int8 GEMM failed on this device once (see the warning); dequantizing"
+                : "the fp8 GEMM failed on this device once (see the warning); dequantizing"};
+  }
+  return choice;
 }
 
 LinearPathChoice choose_linear_path(const Layout& layout, const QuantizedWeight& w,
@@ -216,6 +293,7 @@ at::Tensor quantized_linear(const at::Tensor& input, const QuantizedWeight& w,
   const at::Tensor ws = w.scale.reshape({-1});
   const at::Tensor b = bias.defined() ? bias.to(out_dtype) : at::Tensor();
   at::Tensor out;
+  maybe_fail_for_testing(path);
   if (path == LinearPath::kInt8Gemm) {
     out = int8_scale_epilogue(at::_int_mm(xq, wt), xs, ws, b, out_dtype);
   } else if (x.is_cuda()) {

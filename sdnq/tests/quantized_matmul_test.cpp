@@ -216,6 +216,41 @@ TEST_P(QuantizedMatmulAccuracy, GemmPathIsCloseToTheDequantizePath) {
                         at::linear(few, dequantize_reference(w, layout), bias)));
 }
 
+// Note [A GEMM that fails is tried once]: the layer that meets the failure dequantizes, and the
+// path is not chosen again on that kind of device; ddo's own checks still raise.
+TEST(QuantizedMatmulFallback, AGemmThatFailsIsTriedOnceThenLayersDequantize) {
+  reset_gemm_paths_for_testing();
+  at::manual_seed(3);
+  const at::Tensor dense = (at::randn({128, 256}) * 0.02).to(at::kBFloat16);
+  auto [w, layout] = quantize(dense, quantize_model_options(QuantType::kInt8));
+  const at::Tensor bias = at::randn({128}).to(at::kBFloat16);
+  const at::Tensor x = at::randn({64, 256}).to(at::kBFloat16);
+  ASSERT_EQ(choose_linear_path(layout, w, x).path, LinearPath::kInt8Gemm);
+
+  fail_gemm_calls_for_testing(LinearPath::kInt8Gemm, 1);
+  const at::Tensor y = linear(x, w, bias, layout);
+  EXPECT_TRUE(at::equal(y, at::linear(x, dequantize(w, layout), bias)));
+  const GemmTarget cpu{};
+  EXPECT_TRUE(gemm_path_disabled(LinearPath::kInt8Gemm, cpu));
+  EXPECT_FALSE(gemm_path_disabled(LinearPath::kFp8Gemm, cpu));
+  const LinearPathChoice after = choose_linear_path(layout, w, x);
+  EXPECT_EQ(after.path, LinearPath::kDequantize);
+  EXPECT_NE(after.why.find("int8 GEMM failed on this device once"), std::string_view::npos)
+      << after.why;
+  EXPECT_TRUE(at::equal(linear(x, w, bias, layout), y));  // no second attempt, no second failure
+
+  // A CUDA card of another capability keeps the path.
+  EXPECT_FALSE(gemm_path_disabled(LinearPath::kInt8Gemm, {c10::DeviceType::CUDA, 89}));
+  reset_gemm_paths_for_testing();
+  EXPECT_EQ(choose_linear_path(layout, w, x).path, LinearPath::kInt8Gemm);
+
+  // ddo's own checks are not a GEMM failure: a wrong scale raises and disables nothing.
+  QuantizedWeight bad = w;
+  bad.scale = at::ones({7}, at::kFloat);
+  EXPECT_THROW((void)linear(x, bad, bias, layout), Error);
+  EXPECT_FALSE(gemm_path_disabled(LinearPath::kInt8Gemm, cpu));
+}
+
 INSTANTIATE_TEST_SUITE_P(All, QuantizedMatmulAccuracy,
                          ::testing::Values(AccuracyCase{QuantType::kInt8, false, false, 0.01},
                                            AccuracyCase{QuantType::kInt8, false, true, 0.01},

@@ -96,6 +96,20 @@ at::Tensor int8_scale_epilogue_reference(const at::Tensor& acc, const at::Tensor
                                          const at::Tensor& col_scale, const at::Tensor& bias,
                                          c10::ScalarType out_dtype);
 
+/// A GEMM path that failed on a kind of card (torch raised from at::_int_mm / at::_scaled_mm:
+/// a cuBLASLt without the kernel, a build without fp8) is not tried there again: the layer that
+/// met the failure dequantizes instead, one warning says why, and choose_linear_path answers
+/// kDequantize for that path and capability from then on ("... failed on this device once").
+/// Errors of ddo's own checks (a bad layout, wrong tensors) are not caught: they are the caller's.
+void disable_gemm_path(LinearPath path, const GemmTarget& target);
+/// Whether disable_gemm_path was called for `path` on a card of `target`'s kind.
+bool gemm_path_disabled(LinearPath path, const GemmTarget& target);
+/// For tests: the next `count` GEMM calls of `path` raise c10::Error as an unsupported GEMM
+/// would (0 clears). The check sits in the real path, as SimFaults does for the engine.
+void fail_gemm_calls_for_testing(LinearPath path, int count);
+/// For tests: forgets every disable_gemm_path (the flags are per process).
+void reset_gemm_paths_for_testing();
+
 /// The layer's forward on a GEMM path (`path` is kInt8Gemm or kFp8Gemm, as choose_linear_path
 /// chose it): input [..., in] -> [..., out] in the layout's result dtype, plus the SVD factors'
 /// low-rank term computed in the result dtype from the unquantized input.
