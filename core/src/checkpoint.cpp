@@ -137,6 +137,9 @@ class File {
   // error, and nothing on systems without posix_fadvise.
   void drop_cached(std::uint64_t offset, std::uint64_t bytes) const;
 
+  // The file's size and last-write time now; false when the system cannot say.
+  bool stamp(std::uint64_t* size, std::int64_t* modified) const;
+
  private:
 #ifdef _WIN32
   using Handle = HANDLE;
@@ -203,6 +206,16 @@ std::int64_t File::read_at(void* dst, std::uint64_t bytes, std::uint64_t offset,
 
 void File::drop_cached(std::uint64_t, std::uint64_t) const {}  // Windows: no such hint
 
+bool File::stamp(std::uint64_t* size, std::int64_t* modified) const {
+  BY_HANDLE_FILE_INFORMATION info;
+  if (!::GetFileInformationByHandle(handle_, &info)) return false;
+  *size = (static_cast<std::uint64_t>(info.nFileSizeHigh) << 32) | info.nFileSizeLow;
+  *modified = static_cast<std::int64_t>(
+      (static_cast<std::uint64_t>(info.ftLastWriteTime.dwHighDateTime) << 32) |
+      info.ftLastWriteTime.dwLowDateTime);
+  return true;
+}
+
 void File::close() {
   if (handle_ != kNoHandle) ::CloseHandle(handle_);
   handle_ = kNoHandle;
@@ -253,6 +266,14 @@ std::int64_t File::read_at(void* dst, std::uint64_t bytes, std::uint64_t offset,
     *error = errno_text(errno);
     return -1;
   }
+}
+
+bool File::stamp(std::uint64_t* size, std::int64_t* modified) const {
+  struct stat st;
+  if (::fstat(handle_, &st) != 0) return false;
+  *size = static_cast<std::uint64_t>(st.st_size);
+  *modified = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return true;
 }
 
 void File::drop_cached(std::uint64_t offset, std::uint64_t bytes) const {
@@ -1143,6 +1164,9 @@ class ReadQueue {
 struct CheckpointReader::Impl {
   const Checkpoint* checkpoint = nullptr;
   std::vector<File> files;  // parallel to checkpoint->files
+  // Note [A shard changed under the disk tier]: each file's last-write time when opened (0 when
+  // the system could not say), parallel to `files`.
+  std::vector<std::int64_t> modified;
   ReadMeter meter;
   std::unique_ptr<ReadQueue> queue;  // Note [Read queue]
 };
@@ -1177,6 +1201,9 @@ Status CheckpointReader::open(const Checkpoint& checkpoint, std::unique_ptr<Chec
                                 "opened; it changed on disk — open the checkpoint again",
                                 path, size, checkpoint.file_bytes[i]));
     }
+    std::uint64_t stamped_size = 0;
+    std::int64_t modified = 0;
+    impl->modified.push_back(file.stamp(&stamped_size, &modified) ? modified : 0);
     impl->files.push_back(std::move(file));
   }
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
@@ -1243,8 +1270,39 @@ Status CheckpointReader::read_piece(const ReadJob& job, std::uint64_t start, std
   return Status::ok_status();
 }
 
+// Note [A shard changed under the disk tier]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The disk tier reads its weights from the checkpoint every step (read_queued with drop_behind).
+// A shard replaced by a new file is safe: the open handle still reads the old one. A shard
+// overwritten in place keeps its size, and its new bytes would change the output without a word.
+// So every such read first compares each file it touches with the size and last-write time it had
+// when the reader opened it: one fstat per file per unit read, beside reads of megabytes.
+Status CheckpointReader::check_unchanged(const std::vector<ReadJob>& jobs) const {
+  const Checkpoint& checkpoint = *impl_->checkpoint;
+  int last = -1;
+  for (const ReadJob& job : jobs) {
+    if (job.tensor >= checkpoint.tensors.size()) continue;  // PiecePlan::make reports it
+    const int f = checkpoint.tensors[job.tensor].file;
+    if (f == last || f < 0 || static_cast<std::size_t>(f) >= impl_->files.size()) continue;
+    last = f;
+    std::uint64_t size = 0;
+    std::int64_t modified = 0;
+    if (!impl_->files[f].stamp(&size, &modified) || impl_->modified[f] == 0) continue;
+    if (size != checkpoint.file_bytes[f] || modified != impl_->modified[f]) {
+      return Status(Code::kDataLoss,
+                    fmt::format("'{}' changed on disk while ddo reads weights from it (its size "
+                                "or last-write time is not what it was when it was opened); "
+                                "replace checkpoint files with new files instead of writing into "
+                                "them, and attach again (remove the offload, load, enable)",
+                                checkpoint.files[f]));
+    }
+  }
+  return Status::ok_status();
+}
+
 Status CheckpointReader::read_queued(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes,
                                      bool drop_behind) const {
+  if (drop_behind) DDO_RETURN_IF_ERROR(check_unchanged(jobs));
   PiecePlan plan;
   DDO_RETURN_IF_ERROR(PiecePlan::make(*impl_->checkpoint, jobs, piece_bytes, "read_queued", &plan));
   return impl_->queue->run(plan, drop_behind);

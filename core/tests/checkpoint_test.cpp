@@ -591,6 +591,33 @@ TEST_F(CheckpointTest, FileTruncatedAfterOpenIsDataLossNamingFileAndTensor) {
   EXPECT_TRUE(fails_with(CheckpointReader::open(ckpt, &again), Code::kDataLoss, {path}));
 }
 
+// Note [A shard changed under the disk tier]: the disk tier's reads (drop_behind) refuse a file
+// written in place since the reader opened it, even at the same size.
+TEST_F(CheckpointTest, AFileWrittenInPlaceIsRefusedByTheDiskTiersReads) {
+  const std::string path = put("w.safetensors", safetensors_file({{"w", "F32", {64}}}));
+  Checkpoint ckpt;
+  ASSERT_TRUE(open_checkpoint(path, &ckpt).ok());
+  std::unique_ptr<CheckpointReader> reader;
+  ASSERT_TRUE(CheckpointReader::open(ckpt, &reader).ok());
+  const CheckpointTensor& w = *ckpt.find("w");
+  std::vector<char> buf(static_cast<std::size_t>(w.bytes));
+  const std::vector<ReadJob> jobs = {{ckpt.by_name.at("w"), 0, w.bytes, buf.data()}};
+  ASSERT_TRUE(reader->read_queued(jobs, std::uint64_t{1} << 20, /*drop_behind=*/true).ok());
+
+  {  // the same size, other bytes: what an in-place overwrite leaves
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(w.offset));
+    f.write("XXXXXXXX", 8);
+  }
+  // The write's own time may fall in the same clock tick as the file's creation; a later
+  // last-write time is what a real overwrite leaves.
+  fs::last_write_time(path, fs::last_write_time(path) + std::chrono::seconds(2));
+  EXPECT_TRUE(fails_with(reader->read_queued(jobs, std::uint64_t{1} << 20, true), Code::kDataLoss,
+                         {path, "changed on disk while ddo reads weights from it"}));
+  // Loading reads (no drop_behind) are not the disk tier's and are not checked.
+  EXPECT_TRUE(reader->read_queued(jobs, std::uint64_t{1} << 20, false).ok());
+}
+
 TEST_F(CheckpointTest, ReadOutsideTheTensorIsInvalidArgument) {
   const std::string path = put("w.safetensors", safetensors_file({{"w", "F32", {4}}}));
   Checkpoint ckpt;

@@ -181,7 +181,9 @@ class CheckpointReader {
   /// flight, whatever each asks for. Blocks until this call's pieces are read; returns the first
   /// error among them (after the pieces already running have finished). `drop_behind`: each
   /// piece's pages are dropped from the page cache once read (posix_fadvise DONTNEED), for bytes
-  /// read again every step that host RAM is not meant to hold (the disk tier).
+  /// read again every step that host RAM is not meant to hold (the disk tier); those reads first
+  /// check that each file they touch has the size and last-write time it had when opened, and a
+  /// file written in place since is kDataLoss naming it.
   Status read_queued(const std::vector<ReadJob>& jobs, std::uint64_t piece_bytes = kQueuePieceBytes,
                      bool drop_behind = false) const;
 
@@ -197,6 +199,7 @@ class CheckpointReader {
 
  private:
   CheckpointReader() = default;
+  Status check_unchanged(const std::vector<ReadJob>& jobs) const;
   Status read_piece(const ReadJob& job, std::uint64_t start, std::uint64_t bytes,
                     bool drop_behind) const;
   struct Impl;
