@@ -164,10 +164,11 @@ def test_disk_tier_parameters_read_as_their_weights_and_a_write_is_refused(flux_
 
 
 @torch.no_grad()
-def test_a_file_truncated_after_the_load_fails_the_step_clearly_and_recovers(tmp_path):
+def test_a_file_truncated_after_the_load_fails_the_step_clearly_until_attached_again(tmp_path):
     # The disk tier reads the files every step, so they can change under it (a model folder
-    # replaced or a network drive gone). The step fails with the file and tensor named; once the
-    # file is whole again the next step runs and gives the same output.
+    # rewritten, a download restarted in place). The step fails naming the file; a file written
+    # in place is not trusted again, even with its old bytes back (Note [A shard changed under the
+    # disk tier]): remove() still gives the host the model, and a new attach runs as before.
     root = tmp_path / "flux"
     model = tiny_flux()
     model.save_pretrained(root, max_shard_size="60KB")
@@ -179,13 +180,17 @@ def test_a_file_truncated_after_the_load_fails_the_step_clearly_and_recovers(tmp
     saved = {f: f.read_bytes() for f in shards}
     for f in shards:
         os.truncate(f, 100)
-    with pytest.raises(RuntimeError, match=r"disk-tier unit .*file truncated: .*safetensors: tensor '"):
+    with pytest.raises(RuntimeError, match=r"disk-tier unit .*safetensors' changed on disk"):
         loaded.module(**inputs)
     for f in shards:  # whole again, in place (the reader keeps its open descriptors)
         with open(f, "r+b") as fh:
             fh.write(saved[f])
-    torch.testing.assert_close(loaded.module(**inputs).sample, expected, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"changed on disk .* attach again"):
+        loaded.module(**inputs)
     loaded.offload.remove()
+    again = load(root, host_ram_cap_gb=streamed * 0.6 / GIB, prefetch_window_mb=0.03)
+    torch.testing.assert_close(again.module(**inputs).sample, expected, rtol=0, atol=0)
+    again.offload.remove()
 
 
 @torch.no_grad()
@@ -207,10 +212,9 @@ def test_a_remove_that_cannot_read_the_files_changes_nothing_and_can_be_retried(
     with pytest.raises(ValueError, match=r"remove\(\) could not restore .*still active"):
         loaded.offload.remove()
     assert loaded.offload.active
-    for f in shards:
-        with open(f, "r+b") as fh:
+    for f in shards:  # whole again, in place: the offload no longer serves them (changed on
+        with open(f, "r+b") as fh:  # disk), but remove() reads the weights back
             fh.write(saved[f])
-    torch.testing.assert_close(loaded.module(**inputs).sample, expected, rtol=0, atol=0)
     loaded.offload.remove()
     assert not loaded.offload.active
     assert not any(ddo._C.is_managed(p) for p in loaded.module.parameters())
@@ -323,3 +327,28 @@ def test_peak_rss_follows_the_cap_not_the_model(tmp_path):
     # What the cap saves shows in the process: at least 70 % of the bytes it keeps out of RAM.
     saved = (peak_u - device_u) - (peak_c - device_c)
     assert saved >= 0.7 * (model_bytes - cap), (runs, model_bytes, cap)
+
+
+@torch.no_grad()
+def test_a_shard_written_in_place_while_attached_is_an_error(flux_dir, tmp_path):
+    # Note [A shard changed under the disk tier] in core/src/checkpoint.cpp: the disk tier reads
+    # its units from the files every step; a shard overwritten in place at the same size would
+    # change the output silently, so the next read of it is an error naming the file.
+    import shutil
+    source, streamed = flux_dir
+    path = tmp_path / "flux"
+    shutil.copytree(source, path)
+    loaded = load(path, host_ram_cap_gb=streamed * 0.6 / GIB, prefetch_window_mb=0.03)
+    assert loaded.report()["setup"]["load"]["disk_bytes"] > 0
+    loaded.module(**flux_inputs(0))
+    for shard in path.glob("*.safetensors"):
+        data = bytearray(shard.read_bytes())
+        data[-4:] = b"\x00\x00\x80\x7f"  # the last value of the last tensor: +inf, same size
+        stat = shard.stat()
+        with open(shard, "r+b") as f:  # in place: the same inode
+            f.write(data)
+        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    with pytest.raises(Exception, match="changed on disk while ddo reads weights from it"):
+        for seed in range(3):
+            loaded.module(**flux_inputs(seed))
+    loaded.offload.remove()
