@@ -1285,9 +1285,10 @@ Status CheckpointReader::check_unchanged(const std::vector<ReadJob>& jobs) const
     const int f = checkpoint.tensors[job.tensor].file;
     if (f == last || f < 0 || static_cast<std::size_t>(f) >= impl_->files.size()) continue;
     last = f;
+    if (impl_->modified[f] == 0) continue;  // the system gave no stamp at open
     std::uint64_t size = 0;
     std::int64_t modified = 0;
-    if (!impl_->files[f].stamp(&size, &modified) || impl_->modified[f] == 0) continue;
+    if (!impl_->files[f].stamp(&size, &modified)) continue;
     if (size != checkpoint.file_bytes[f] || modified != impl_->modified[f]) {
       return Status(Code::kDataLoss,
                     fmt::format("'{}' changed on disk while ddo reads weights from it (its size "

@@ -790,13 +790,14 @@ Status resolve_route_arguments(const RouteArguments& args, std::optional<Route>*
     }
   }
   std::optional<Route> route;
-  if (args.route && normalize_token(*args.route) != "auto") {
+  const std::string token = args.route ? normalize_token(*args.route) : std::string("auto");
+  if (token != "auto") {
     Route parsed = Route::kDynamic;
     if (Status s = parse_route(*args.route, &parsed); !s.ok()) {
       return Status(s.code(), internal::str_cat(s.message(), "; or auto (the settings decide)"));
     }
     // diffusers_group_offload follows offload_type; the others name one route.
-    route = normalize_token(*args.route) == "diffusers_group_offload" ? group : parsed;
+    route = token == "diffusers_group_offload" ? group : parsed;
   }
   if (!route && args.group_offload.value_or(false)) route = group;
   if (!route && args.dynamic_offload.value_or(false)) route = Route::kDynamic;

@@ -330,12 +330,9 @@ DynamicOffloadProfileSession::AppliedSettings DynamicOffloadProfileSession::appl
     applied.recommendation = std::move(record->recommendation);
   }
   if (!allow_recommendation || !applied.recommendation) return applied;
-  const json* budget = nullptr;
-  if (auto it = applied.recommendation->find(kRecommendedBudgetKey);
-      it != applied.recommendation->end() && it->is_number()) {
-    budget = &*it;
-  }
-  const double value = budget != nullptr ? budget->get<double>() : -1.0;
+  const auto it = applied.recommendation->find(kRecommendedBudgetKey);
+  if (it == applied.recommendation->end() || !it->is_number()) return applied;
+  const double value = it->get<double>();
   if (!std::isfinite(value) || value < 0) return applied;
   const double capped = cap_saved_budget_gb(value, settings.config.max_resident_module_budget_gb);
   throw_if_error(

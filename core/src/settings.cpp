@@ -445,9 +445,7 @@ Status DynamicOffloadSettings::with_overrides(const nlohmann::json& overrides,
                                               DynamicOffloadSettings* out) const {
   DDO_ASSERT(out != nullptr);
   DynamicOffloadSettings s = *this;
-  if (!overrides.is_null()) {
-    DDO_RETURN_IF_ERROR(apply_overrides(&s.config, overrides, &s.warnings));
-  }
+  DDO_RETURN_IF_ERROR(apply_overrides(&s.config, overrides, &s.warnings));
   DDO_RETURN_IF_ERROR(validate_config(s.config));
   derive_platform_facts(&s);
   *out = std::move(s);
