@@ -8,7 +8,10 @@
 #
 # Layout under the prefix (GNUInstallDirs):
 #   include/ddo/{core,engine,sdnq,torch}/...       the public headers
-#   lib/libddo_core.a, libddo_engine.a             static: core and engine carry no registrations
+#   lib/libddo_core.so                             shared: one copy of core's process-wide state
+#                                                  (Note [One core per process]; libddo_core.a
+#                                                  without torch and on Windows)
+#   lib/libddo_engine.a                            static: linked into libddo_torch.so only
 #   lib/libddo_sdnq.so, libddo_torch.so            shared: their TORCH_LIBRARY blocks are static
 #                                                  constructors a static archive would drop
 #   lib/cmake/ddo/ddoConfig.cmake, ddoConfigVersion.cmake, ddoTargets.cmake
@@ -152,6 +155,15 @@ set(DDO_PC_CUDA_LIBS "")
 if(DDO_WITH_CUDA)
   # ddo_engine's CUDA backend calls the runtime API (shared cudart, the one torch loads).
   set(DDO_PC_CUDA_LIBS "-L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+endif()
+# A static core brings its dependencies into the consumer's link; a shared one has its own.
+get_target_property(_ddo_core_type ddo_core TYPE)
+if(_ddo_core_type STREQUAL "SHARED_LIBRARY")
+  set(DDO_PC_CORE_REQUIRES "Requires: nlohmann_json\nRequires.private: fmt libcrypto")
+  set(DDO_PC_CORE_LIBS "-Wl,-rpath,\${libdir} -lddo_core")
+else()
+  set(DDO_PC_CORE_REQUIRES "Requires: nlohmann_json fmt libcrypto")
+  set(DDO_PC_CORE_LIBS "-lddo_core")
 endif()
 foreach(pc IN LISTS _ddo_pc_files)
   configure_file("${CMAKE_CURRENT_LIST_DIR}/${pc}.pc.in" "${CMAKE_BINARY_DIR}/${pc}.pc" @ONLY)

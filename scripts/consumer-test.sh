@@ -36,7 +36,7 @@ libdir=${libdir:-lib}
 missing=0
 for f in include/ddo/core/settings.h include/ddo/engine/device.h include/ddo/sdnq/linear.h \
   include/ddo/torch/enable_offload.h \
-  "$libdir/libddo_core.a" "$libdir/libddo_engine.a" "$libdir/libddo_sdnq.so" \
+  "$libdir/libddo_core.so" "$libdir/libddo_engine.a" "$libdir/libddo_sdnq.so" \
   "$libdir/libddo_torch.so" "$libdir/cmake/ddo/ddoConfig.cmake" \
   "$libdir/cmake/ddo/ddoConfigVersion.cmake" "$libdir/cmake/ddo/ddoTargets.cmake" \
   "$libdir/pkgconfig/ddo.pc" "$libdir/pkgconfig/ddo-torch.pc" bin/ddo; do

@@ -365,7 +365,7 @@ pipcheck() {
 cards() {
   local tool
   tool=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
-  for lib in "$BUILD"/sdnq/libddo_sdnq.so "$BUILD"/torch/libddo_torch.so "$BUILD"/python/ddo/_C*.so; do
+  for lib in "$BUILD"/core/libddo_core.so "$BUILD"/sdnq/libddo_sdnq.so "$BUILD"/torch/libddo_torch.so "$BUILD"/python/ddo/_C*.so; do
     [ -e "$lib" ] || continue
     if [ -n "$tool" ]; then
       say "cuobjdump --list-elf $(basename "$lib"): $("$tool" --list-elf "$lib" 2>&1 | grep -o 'sm_[0-9]*\.cubin' | tr '\n' ' ')"

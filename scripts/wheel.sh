@@ -28,7 +28,7 @@ echo "wheel: pip wheel --no-build-isolation . (the build is shown below)" >&2
 wheel=$(ls "$out"/ddo-*.whl)
 echo "wheel: built $(basename "$wheel") ($(du -h "$wheel" | cut -f1)) in $(($(date +%s) - start)) s" >&2
 
-for f in ddo/__init__.py ddo/__main__.py ddo/bin/ddo ddo/libddo_torch.so ddo/libddo_sdnq.so \
+for f in ddo/__init__.py ddo/__main__.py ddo/bin/ddo ddo/libddo_torch.so ddo/libddo_sdnq.so ddo/libddo_core.so \
   'ddo/_C.*.so' 'ddo-*.dist-info/licenses/LICENSE' 'ddo-*.dist-info/entry_points.txt'; do
   if ! "$DDO_VENV/bin/python" - "$wheel" "$f" <<'PY'
 import fnmatch, sys, zipfile

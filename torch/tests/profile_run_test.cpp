@@ -13,6 +13,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ddo/core/calibration.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
@@ -255,6 +256,32 @@ TEST(ProfileRun, NestedAndConcurrentRegionsAreRefused) {
   dit.run();
   EXPECT_EQ(outer.finish()["status"], "saved");
   EXPECT_EQ(b->profile_run([] {})["status"], "saved");
+}
+
+// Note [One core per process] (core/CMakeLists.txt): this program and libddo_torch.so load one
+// libddo_core.so, so a region held through core's own API is the adapter's region too.
+TEST(ProfileRun, ARegionHeldThroughCoreIsSeenByTheAdapter) {
+  Dit dit;
+  TempDir dir;
+  OffloadOptions o = dit_options(dir);
+  o.profile_name = "one-core";
+  o.build_profile = true;
+  auto a = enable_offload(*dit.model, o);
+  {
+    core::CalibrationRegionLock held = core::CalibrationRegionLock::acquire("sim");
+    try {
+      a->profile_run();
+      FAIL() << "a region on sim:0 while core holds one there";
+    } catch (const ddo::Error& e) {
+      EXPECT_EQ(e.code(), Code::kFailedPrecondition) << e.what();
+      EXPECT_NE(std::string(e.what()).find("sim:0"), std::string::npos) << e.what();
+    }
+  }
+  ProfileRun run = a->profile_run();
+  EXPECT_THROW((void)core::CalibrationRegionLock::acquire("sim:0"), ddo::Error);
+  dit.run();
+  EXPECT_EQ(run.finish()["status"], "saved");
+  EXPECT_NO_THROW((void)core::CalibrationRegionLock::acquire("sim:0"));
 }
 
 TEST(ProfileRun, CalibrationNeedsAName) {
