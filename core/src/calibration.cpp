@@ -197,6 +197,152 @@ void check_can_calibrate(const DynamicOffloadConfig& config, const DeviceFacts& 
             device.total_vram_bytes, " bytes on '", config.execution_device, "'");
 }
 
+// The run is a calibration: it measures a zero-resident run and saves what it found.
+void prepare_calibration(const DynamicOffloadConfig& config, const ProfileStore& store,
+                         const DeviceFacts& device, const std::optional<std::string>& normalized,
+                         PreparedProfile& p) {
+  ProfileReport& report = p.report;
+  const std::string& name = config.profile_name;
+  const double manual = config.resident_module_budget_gb;
+  check_can_calibrate(config, device, normalized);
+  // The save comes after the whole measured run: an unwritable directory found only then
+  // wastes the run, so it is checked before it.
+  if (Status writable = store.check_writable(p.identity); !writable.ok()) {
+    throw Error(writable.code(),
+                fmt::format("build_profile=true would measure a run whose profile '{}' cannot "
+                            "be saved: {}",
+                            name, writable.message()));
+  }
+  p.status = report.status = ProfileStatus::kCalibrating;
+  p.region = RegionAction::kCalibrate;
+  p.resident_budget_gb = report.resident_budget_gb = 0.0;
+  report.budget_source = "calibration";
+  if (manual > 0) {
+    report.notes.push_back(fmt::format(
+        "resident_module_budget_gb={} is ignored while calibrating: calibration measures a "
+        "zero-resident run",
+        manual));
+  }
+}
+
+// A positive manual budget: the profile is not read.
+void prepare_manual_budget(double manual, const std::string& name, PreparedProfile& p) {
+  ProfileReport& report = p.report;
+  // The override order (docs/design/0006-configuration.md, section 3) and
+  // diffusers-dynamic-offloader: a positive manual budget overrides profile reuse, so the profile
+  // is not even read and the report says "disabled", as the library's does. The fields after name
+  // and status are ddo's, saying why.
+  p.status = report.status = ProfileStatus::kDisabled;
+  p.resident_budget_gb = report.resident_budget_gb = manual;
+  report.budget_source = "manual";
+  report.notes.push_back(fmt::format(
+      "manual resident_module_budget_gb={} overrides profile reuse; profile '{}' was not read "
+      "(set the manual budget to 0 to use it)",
+      manual, name));
+}
+
+// A saved SDNQ probe is pending and this run can run it: the region applies the probe budget,
+// within the cap and within the room the calibrated peak left on this card.
+void prepare_probe(const ProfileRecommendation& rec, const DeviceFacts& device,
+                   PreparedProfile& p) {
+  ProfileReport& report = p.report;
+  double probe = rec.probe_budget_gb.value_or(rec.resident_budget_gb);
+  if (const double capped = cap_saved_budget_gb(probe, p.max_resident_budget_gb); capped < probe) {
+    report.notes.push_back(
+        fmt::format("pending probe of {} capped by "
+                    "max_resident_module_budget_gb={}",
+                    format_gib(probe), p.max_resident_budget_gb));
+    probe = capped;
+  }
+  // Note [Probe within the card]
+  // diffusers-dynamic-offloader saves the probe at the ceiling. On a real card a resident
+  // budget above the room the zero-resident calibration left free (total - its measured peak)
+  // cannot be placed at all: ddo's peak is the driver's view with no slack to hide in, so the
+  // probing run would fail in setup instead of measuring. On the H200 (W2, FLUX int8 and uint4
+  // at an 8 GiB cap) the 6 GiB probe failed in setup, and a probe of the whole room (total -
+  // peak) ran out of memory in the first step. The run therefore applies the probe up to the
+  // room minus half the headroom: it spends half the measured headroom and no more; the saved
+  // result (applied probe minus overshoot) follows from what was placed.
+  const double total_now = bytes_to_gib(device.total_vram_bytes);
+  if (rec.peak_vram_gb > 0 && total_now > 0) {
+    const double room = std::max(0.0, total_now - rec.peak_vram_gb - 0.5 * rec.headroom_gb);
+    if (probe > room) {
+      report.notes.push_back(fmt::format(
+          "pending probe of {} applied as {}: the room the calibrated peak of {} left on "
+          "this {} card",
+          format_gib(probe), format_gib(room), format_gib(rec.peak_vram_gb),
+          format_gib(total_now)));
+      probe = room;
+    }
+  }
+  p.status = report.status = ProfileStatus::kProbing;
+  p.region = RegionAction::kProbe;
+  p.probe_budget_gb = probe;
+  p.safe_budget_gb = rec.safe_budget_gb;
+  p.resident_budget_gb = report.resident_budget_gb = probe;
+  report.budget_source = "probe";
+  report.notes.push_back(fmt::format(
+      "probing a pending SDNQ resident budget of {}; it is not a validated resident run "
+      "until this profile_run() region finishes",
+      format_gib(probe)));
+}
+
+// A saved recommendation is reused: its budget (or a pending probe's) within the cap.
+void prepare_reuse(const ProfileRecommendation& rec, const DynamicOffloadConfig& config,
+                   const DeviceFacts& device, const std::optional<std::string>& normalized,
+                   std::string_view weights, PreparedProfile& p) {
+  ProfileReport& report = p.report;
+  report.recommended_budget_gb = rec.resident_budget_gb;
+  report.profile_measurement_kind = rec.profile_measurement_kind;
+  report.peak_vram_gb = rec.peak_vram_gb;
+  p.status = report.status = ProfileStatus::kApplied;
+  p.check_peak = device.is_cuda_like && device.total_vram_bytes > 0 &&
+                 config.execution_mode != ExecutionMode::kPlan;
+  // Note [Profiles and quantization]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A profile's identity is its name, the model class and the execution mode (note 0007, section
+  // 2); the weights' dtype and quantization are deliberately not part of it, so an int8 run and an
+  // fp8 run under one name share one profile (a bf16 run has another execution mode). Their peaks
+  // differ (packed weights, dequantized or quantized temporaries), so the saved recommendation
+  // records the weights it was measured with and the report names them; when they differ from
+  // this run's, the budget is still applied (reuse is by name) and a note says to calibrate again
+  // or choose another name.
+  if (!rec.weights.empty()) report.measured_weights = rec.weights;
+  if (!rec.weights.empty() && !weights.empty() && rec.weights != weights) {
+    report.notes.push_back(fmt::format(
+        "the saved budget was measured with weights '{}', this run's are '{}': calibrate this "
+        "name again (build_profile=true) or use another profile name for this quantization",
+        rec.weights, weights));
+  }
+
+  double budget = rec.resident_budget_gb;
+  report.budget_source = "profile";
+  p.candidate_compute_ms = rec.candidate_compute_ms;
+  if (rec.probe_pending) {
+    const bool can_probe = p.sdnq && normalized.has_value() && device.is_cuda_like &&
+                           config.execution_mode != ExecutionMode::kPlan &&
+                           config.route == Route::kDynamic;
+    if (can_probe) {
+      prepare_probe(rec, device, p);
+      return;
+    }
+    budget = rec.safe_budget_gb.value_or(0.0);
+    report.notes.push_back(fmt::format(
+        "the saved SDNQ probe is pending but this run cannot probe it (it needs sdnq_runtime on "
+        "a CUDA device); applying the measured safe budget of {}",
+        format_gib(budget)));
+  }
+  if (const double capped = cap_saved_budget_gb(budget, p.max_resident_budget_gb);
+      capped < budget) {
+    report.notes.push_back(
+        fmt::format("saved recommendation of {} capped by "
+                    "max_resident_module_budget_gb={}",
+                    format_gib(budget), p.max_resident_budget_gb));
+    budget = capped;
+  }
+  p.resident_budget_gb = report.resident_budget_gb = budget;
+}
+
 }  // namespace
 
 PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_view model_class,
@@ -243,40 +389,12 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
 
   const double manual = config.resident_module_budget_gb;
   if (config.build_profile) {
-    check_can_calibrate(config, device, normalized);
-    // The save comes after the whole measured run: an unwritable directory found only then
-    // wastes the run, so it is checked before it.
-    if (Status writable = store.check_writable(p.identity); !writable.ok()) {
-      throw Error(writable.code(),
-                  fmt::format("build_profile=true would measure a run whose profile '{}' cannot "
-                              "be saved: {}",
-                              name, writable.message()));
-    }
-    p.status = report.status = ProfileStatus::kCalibrating;
-    p.region = RegionAction::kCalibrate;
-    p.resident_budget_gb = report.resident_budget_gb = 0.0;
-    report.budget_source = "calibration";
-    if (manual > 0) {
-      report.notes.push_back(fmt::format(
-          "resident_module_budget_gb={} is ignored while calibrating: calibration measures a "
-          "zero-resident run",
-          manual));
-    }
+    prepare_calibration(config, store, device, normalized, p);
     return p;
   }
 
   if (manual > 0) {
-    // The override order (docs/design/0006-configuration.md, section 3) and
-    // diffusers-dynamic-offloader: a positive manual budget overrides profile reuse, so the profile
-    // is not even read and the report says "disabled", as the library's does. The fields after name
-    // and status are ddo's, saying why.
-    p.status = report.status = ProfileStatus::kDisabled;
-    p.resident_budget_gb = report.resident_budget_gb = manual;
-    report.budget_source = "manual";
-    report.notes.push_back(fmt::format(
-        "manual resident_module_budget_gb={} overrides profile reuse; profile '{}' was not read "
-        "(set the manual budget to 0 to use it)",
-        manual, name));
+    prepare_manual_budget(manual, name, p);
     return p;
   }
 
@@ -288,95 +406,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
                     name, model_class));
     return p;
   }
-  const ProfileRecommendation& rec = *record->recommendation;
-  report.recommended_budget_gb = rec.resident_budget_gb;
-  report.profile_measurement_kind = rec.profile_measurement_kind;
-  report.peak_vram_gb = rec.peak_vram_gb;
-  p.status = report.status = ProfileStatus::kApplied;
-  p.check_peak = device.is_cuda_like && device.total_vram_bytes > 0 &&
-                 config.execution_mode != ExecutionMode::kPlan;
-  // Note [Profiles and quantization]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A profile's identity is its name, the model class and the execution mode (note 0007, section
-  // 2); the weights' dtype and quantization are deliberately not part of it, so an int8 run and an
-  // fp8 run under one name share one profile (a bf16 run has another execution mode). Their peaks
-  // differ (packed weights, dequantized or quantized temporaries), so the saved recommendation
-  // records the weights it was measured with and the report names them; when they differ from
-  // this run's, the budget is still applied (reuse is by name) and a note says to calibrate again
-  // or choose another name.
-  if (!rec.weights.empty()) report.measured_weights = rec.weights;
-  if (!rec.weights.empty() && !weights.empty() && rec.weights != weights) {
-    report.notes.push_back(fmt::format(
-        "the saved budget was measured with weights '{}', this run's are '{}': calibrate this "
-        "name again (build_profile=true) or use another profile name for this quantization",
-        rec.weights, weights));
-  }
-
-  double budget = rec.resident_budget_gb;
-  report.budget_source = "profile";
-  p.candidate_compute_ms = rec.candidate_compute_ms;
-  if (rec.probe_pending) {
-    const bool can_probe = p.sdnq && normalized.has_value() && device.is_cuda_like &&
-                           config.execution_mode != ExecutionMode::kPlan &&
-                           config.route == Route::kDynamic;
-    if (can_probe) {
-      double probe = rec.probe_budget_gb.value_or(rec.resident_budget_gb);
-      if (const double capped = cap_saved_budget_gb(probe, p.max_resident_budget_gb);
-          capped < probe) {
-        report.notes.push_back(
-            fmt::format("pending probe of {} capped by "
-                        "max_resident_module_budget_gb={}",
-                        format_gib(probe), p.max_resident_budget_gb));
-        probe = capped;
-      }
-      // Note [Probe within the card]
-      // diffusers-dynamic-offloader saves the probe at the ceiling. On a real card a resident
-      // budget above the room the zero-resident calibration left free (total - its measured peak)
-      // cannot be placed at all: ddo's peak is the driver's view with no slack to hide in, so the
-      // probing run would fail in setup instead of measuring. On the H200 (W2, FLUX int8 and uint4
-      // at an 8 GiB cap) the 6 GiB probe failed in setup, and a probe of the whole room (total -
-      // peak) ran out of memory in the first step. The run therefore applies the probe up to the
-      // room minus half the headroom: it spends half the measured headroom and no more; the saved
-      // result (applied probe minus overshoot) follows from what was placed.
-      const double total_now = bytes_to_gib(device.total_vram_bytes);
-      if (rec.peak_vram_gb > 0 && total_now > 0) {
-        const double room = std::max(0.0, total_now - rec.peak_vram_gb - 0.5 * rec.headroom_gb);
-        if (probe > room) {
-          report.notes.push_back(fmt::format(
-              "pending probe of {} applied as {}: the room the calibrated peak of {} left on "
-              "this {} card",
-              format_gib(probe), format_gib(room), format_gib(rec.peak_vram_gb),
-              format_gib(total_now)));
-          probe = room;
-        }
-      }
-      p.status = report.status = ProfileStatus::kProbing;
-      p.region = RegionAction::kProbe;
-      p.probe_budget_gb = probe;
-      p.safe_budget_gb = rec.safe_budget_gb;
-      p.resident_budget_gb = report.resident_budget_gb = probe;
-      report.budget_source = "probe";
-      report.notes.push_back(fmt::format(
-          "probing a pending SDNQ resident budget of {}; it is not a validated resident run "
-          "until this profile_run() region finishes",
-          format_gib(probe)));
-      return p;
-    }
-    budget = rec.safe_budget_gb.value_or(0.0);
-    report.notes.push_back(fmt::format(
-        "the saved SDNQ probe is pending but this run cannot probe it (it needs sdnq_runtime on "
-        "a CUDA device); applying the measured safe budget of {}",
-        format_gib(budget)));
-  }
-  if (const double capped = cap_saved_budget_gb(budget, p.max_resident_budget_gb);
-      capped < budget) {
-    report.notes.push_back(
-        fmt::format("saved recommendation of {} capped by "
-                    "max_resident_module_budget_gb={}",
-                    format_gib(budget), p.max_resident_budget_gb));
-    budget = capped;
-  }
-  p.resident_budget_gb = report.resident_budget_gb = budget;
+  prepare_reuse(*record->recommendation, config, device, normalized, weights, p);
   return p;
 }
 

@@ -130,6 +130,16 @@ class Planner {
   // Available host RAM: available_system_ram_gb, else the context's detected figure; `source`
   // says which ("available_system_ram_gb", "detected", "unknown").
   std::optional<std::int64_t> known_ram(std::string* source) const;
+  // Tiers (planner_tiers.cpp): the host RAM budget of the streamed units, then which of them
+  // are read from the checkpoint every step.
+  struct HostRamBudget {
+    std::int64_t bytes = 0;
+    std::string origin;   // "host_ram_cap_gb" or the admission rule and its RAM source
+    bool capped = false;  // from host_ram_cap_gb: a plan over it is an error
+    nlohmann::json inputs = nlohmann::json::object();
+  };
+  std::optional<HostRamBudget> host_ram_budget() const;
+  std::vector<std::size_t> disk_eligible_units(std::int64_t* kept_host) const;
   void plan_tiers();
   void plan_pinning();
   void admit_linear_pins(std::int64_t candidates);

@@ -77,6 +77,123 @@ struct TierChoice {
 
 }  // namespace
 
+// The bytes the streamed units may hold in host memory: host_ram_cap_gb when set, else, for
+// weights read from a checkpoint, the RAM admission estimate; none (unbounded) otherwise.
+std::optional<Planner::HostRamBudget> Planner::host_ram_budget() const {
+  HostRamBudget b;
+  if (config_.host_ram_cap_gb > 0) {
+    b.capped = true;
+    b.bytes = field_bytes(config_.host_ram_cap_gb, "host_ram_cap_gb");
+    b.origin = "host_ram_cap_gb";
+    b.inputs["host_ram_cap_gb"] = config_.host_ram_cap_gb;
+  } else {
+    if (!ctx_.weights_in_file) return std::nullopt;
+    std::string source;
+    const std::optional<std::int64_t> available = known_ram(&source);
+    if (!available) return std::nullopt;  // unknown RAM: unbounded
+    const std::int64_t headroom =
+        field_bytes(config_.system_ram_headroom_gb, "system_ram_headroom_gb");
+    const std::int64_t usable = *available - headroom;
+    b.bytes = std::max<std::int64_t>(1, usable);
+    b.origin = fmt::format("ram_admission ({} RAM - system_ram_headroom_gb)", source);
+    b.inputs["available_bytes"] = *available;
+    b.inputs["available_source"] = source;
+    b.inputs["system_ram_headroom_bytes"] = headroom;
+    b.inputs["usable_bytes"] = usable;
+  }
+  b.inputs["budget_bytes"] = b.bytes;
+  b.inputs["budget_origin"] = b.origin;
+  b.inputs["streamed_bytes"] = plan_.streamed_bytes;
+  b.inputs["weights_in_file"] = ctx_.weights_in_file;
+  return b;
+}
+
+namespace {
+
+// Which of the eligible units go to disk: the fewest (spread over the model) whose host bytes
+// plus the disk ring fit the budget; when none fits, all of them, and `fits` is false.
+TierChoice choose_disk_units(const std::vector<StreamUnit>& units,
+                             const std::vector<std::size_t>& eligible, std::int64_t streamed,
+                             std::int64_t budget, std::int64_t window, bool* fits) {
+  auto choice_of = [&](std::vector<std::size_t> disk) {
+    TierChoice c;
+    c.disk = std::move(disk);
+    for (std::size_t i : c.disk) {
+      c.disk_bytes += units[eligible[i]].bytes;
+      c.largest = std::max(c.largest, units[eligible[i]].bytes);
+    }
+    DiskRingRequest ring;
+    ring.largest_unit_bytes = c.largest;
+    ring.disk_bytes = c.disk_bytes;
+    ring.window_bytes = window;
+    ring.room_bytes = budget - (streamed - c.disk_bytes);
+    c.ring = size_disk_ring(ring);
+    return c;
+  };
+  // The fewest units that could cover the excess: the largest ones.
+  std::vector<std::int64_t> sizes;
+  for (std::size_t u : eligible) sizes.push_back(units[u].bytes);
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  std::size_t k = 0;
+  for (std::int64_t covered = 0; k < sizes.size() && covered < streamed - budget; ++k) {
+    covered += sizes[k];
+  }
+  for (k = std::max<std::size_t>(k, 1); k <= eligible.size(); ++k) {
+    TierChoice c = choice_of(spread_indices(eligible.size(), k));
+    if (streamed - c.disk_bytes + c.ring <= budget) {
+      *fits = true;
+      return c;
+    }
+  }
+  *fits = false;
+  std::vector<std::size_t> all(eligible.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  return choice_of(std::move(all));
+}
+
+// host_ram_cap_gb is below the smallest plan (every eligible unit on disk, `smallest`).
+[[noreturn]] void throw_cap_unmet(double cap_gb, std::int64_t budget, std::int64_t streamed,
+                                  std::int64_t need, const TierChoice& smallest, bool none_eligible,
+                                  std::int64_t kept_host) {
+  std::string what =
+      none_eligible
+          ? std::string("every streamed unit was pinned by a loader and stays in host memory")
+          : fmt::format(
+                "every unit read from the checkpoint through the smallest pinned disk "
+                "ring, {} (2 x the largest unit, {}){}",
+                figure(smallest.ring), figure(smallest.largest),
+                kept_host > 0 ? fmt::format(", plus {} of units a loader already "
+                                            "pinned, which stay in host memory",
+                                            figure(kept_host))
+                              : std::string());
+  throw Error(
+      Code::kResourceExhausted,
+      fmt::format("host_ram_cap_gb={:g} gives a host RAM budget of {} for the "
+                  "streamed weights ({}), but the smallest plan needs {}: {}. Raise "
+                  "host_ram_cap_gb / DDO_HOST_RAM_CAP_GB to at least {:g} (GiB), or "
+                  "set it to 0 to turn the cap off",
+                  cap_gb, figure(budget), gib(streamed), figure(need), what, cap_gib_for(need)));
+}
+
+}  // namespace
+
+// The stream units that may go to disk: those no loader pinned (a pinned unit stays on the host;
+// its bytes are added to *kept_host).
+std::vector<std::size_t> Planner::disk_eligible_units(std::int64_t* kept_host) const {
+  const std::vector<StreamUnit>& units = plan_.stream_units;
+  std::vector<std::size_t> eligible;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const bool pinned = std::any_of(units[u].tensors.begin(), units[u].tensors.end(),
+                                    [&](TensorRef ref) { return tensor(ref).already_pinned; });
+    if (pinned) {
+      *kept_host += units[u].bytes;
+    } else {
+      eligible.push_back(u);
+    }
+  }
+  return eligible;
+}
+
 void Planner::plan_tiers() {
   on_disk_.assign(n_, {});
   for (std::size_t m = 0; m < n_; ++m) on_disk_[m].assign(inv_.modules[m].tensors.size(), false);
@@ -84,36 +201,12 @@ void Planner::plan_tiers() {
   if (units.empty()) return;
   const std::int64_t streamed = plan_.streamed_bytes;
 
-  // The budget and where it came from.
-  const bool capped = config_.host_ram_cap_gb > 0;
-  std::int64_t budget = 0;
-  std::string origin;
-  nlohmann::json inputs = nlohmann::json::object();
-  if (capped) {
-    budget = field_bytes(config_.host_ram_cap_gb, "host_ram_cap_gb");
-    origin = "host_ram_cap_gb";
-    inputs["host_ram_cap_gb"] = config_.host_ram_cap_gb;
-  } else if (ctx_.weights_in_file) {
-    std::string source;
-    const std::optional<std::int64_t> available = known_ram(&source);
-    if (!available) return;  // unknown RAM: unbounded
-    const std::int64_t headroom =
-        field_bytes(config_.system_ram_headroom_gb, "system_ram_headroom_gb");
-    const std::int64_t usable = *available - headroom;
-    budget = std::max<std::int64_t>(1, usable);
-    origin = fmt::format("ram_admission ({} RAM - system_ram_headroom_gb)", source);
-    inputs["available_bytes"] = *available;
-    inputs["available_source"] = source;
-    inputs["system_ram_headroom_bytes"] = headroom;
-    inputs["usable_bytes"] = usable;
-  } else {
-    return;
-  }
+  std::optional<HostRamBudget> host_budget = host_ram_budget();
+  if (!host_budget) return;
+  const std::int64_t budget = host_budget->bytes;
+  const std::string& origin = host_budget->origin;
+  nlohmann::json inputs = std::move(host_budget->inputs);
   plan_.host_ram_budget_bytes = budget;
-  inputs["budget_bytes"] = budget;
-  inputs["budget_origin"] = origin;
-  inputs["streamed_bytes"] = streamed;
-  inputs["weights_in_file"] = ctx_.weights_in_file;
 
   if (streamed <= budget) {
     decide("host_ram_budget_fits", inputs,
@@ -134,84 +227,24 @@ void Planner::plan_tiers() {
     return;
   }
 
-  // Units a loader already pinned stay on the host; the others may go to disk.
-  std::vector<std::size_t> eligible;
   std::int64_t kept_host = 0;
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    const bool pinned = std::any_of(units[u].tensors.begin(), units[u].tensors.end(),
-                                    [&](TensorRef ref) { return tensor(ref).already_pinned; });
-    if (pinned) {
-      kept_host += units[u].bytes;
-    } else {
-      eligible.push_back(u);
-    }
-  }
+  const std::vector<std::size_t> eligible = disk_eligible_units(&kept_host);
   const std::int64_t window =
       to_bytes_or_throw(config_.prefetch_window_mb, ByteUnit::kMiB, "prefetch_window_mb");
-  auto choice_of = [&](std::vector<std::size_t> disk) {
-    TierChoice c;
-    c.disk = std::move(disk);
-    for (std::size_t i : c.disk) {
-      c.disk_bytes += units[eligible[i]].bytes;
-      c.largest = std::max(c.largest, units[eligible[i]].bytes);
-    }
-    DiskRingRequest ring;
-    ring.largest_unit_bytes = c.largest;
-    ring.disk_bytes = c.disk_bytes;
-    ring.window_bytes = window;
-    ring.room_bytes = budget - (streamed - c.disk_bytes);
-    c.ring = size_disk_ring(ring);
-    return c;
-  };
-
-  // The fewest units that could cover the excess: the largest ones.
-  std::vector<std::int64_t> sizes;
-  for (std::size_t u : eligible) sizes.push_back(units[u].bytes);
-  std::sort(sizes.begin(), sizes.end(), std::greater<>());
-  std::size_t k = 0;
-  for (std::int64_t covered = 0; k < sizes.size() && covered < streamed - budget; ++k) {
-    covered += sizes[k];
-  }
-  std::optional<TierChoice> chosen;
-  for (k = std::max<std::size_t>(k, 1); k <= eligible.size(); ++k) {
-    TierChoice c = choice_of(spread_indices(eligible.size(), k));
-    if (streamed - c.disk_bytes + c.ring <= budget) {
-      chosen = std::move(c);
-      break;
-    }
-  }
+  bool fits = false;
+  TierChoice chosen = choose_disk_units(units, eligible, streamed, budget, window, &fits);
   std::int64_t over = 0;
-  if (!chosen) {
-    std::vector<std::size_t> all(eligible.size());
-    std::iota(all.begin(), all.end(), std::size_t{0});
-    TierChoice c = choice_of(std::move(all));
-    const std::int64_t need = streamed - c.disk_bytes + c.ring;
-    if (capped) {
-      std::string smallest =
-          eligible.empty()
-              ? std::string("every streamed unit was pinned by a loader and stays in host memory")
-              : fmt::format(
-                    "every unit read from the checkpoint through the smallest pinned disk "
-                    "ring, {} (2 x the largest unit, {}){}",
-                    figure(c.ring), figure(c.largest),
-                    kept_host > 0 ? fmt::format(", plus {} of units a loader already "
-                                                "pinned, which stay in host memory",
-                                                figure(kept_host))
-                                  : std::string());
-      throw Error(Code::kResourceExhausted,
-                  fmt::format("host_ram_cap_gb={:g} gives a host RAM budget of {} for the "
-                              "streamed weights ({}), but the smallest plan needs {}: {}. Raise "
-                              "host_ram_cap_gb / DDO_HOST_RAM_CAP_GB to at least {:g} (GiB), or "
-                              "set it to 0 to turn the cap off",
-                              config_.host_ram_cap_gb, figure(budget), gib(streamed), figure(need),
-                              smallest, cap_gib_for(need)));
+  if (!fits) {
+    const std::int64_t need = streamed - chosen.disk_bytes + chosen.ring;
+    if (host_budget->capped) {
+      throw_cap_unmet(config_.host_ram_cap_gb, budget, streamed, need, chosen, eligible.empty(),
+                      kept_host);
     }
     over = need - budget;
-    chosen = std::move(c);
   }
 
   std::vector<std::string> names;
-  for (std::size_t i : chosen->disk) {
+  for (std::size_t i : chosen.disk) {
     StreamUnit& unit = units[eligible[i]];
     unit.tier = kDiskTier;
     names.push_back(unit.name);
@@ -220,15 +253,15 @@ void Planner::plan_tiers() {
   for (StreamUnit& unit : units) {
     if (unit.tier != kDiskTier) unit.tier = kHostTier;
   }
-  plan_.disk_bytes = chosen->disk_bytes;
-  plan_.disk_ring_bytes = chosen->ring;
-  const std::int64_t host = streamed - chosen->disk_bytes;
+  plan_.disk_bytes = chosen.disk_bytes;
+  plan_.disk_ring_bytes = chosen.ring;
+  const std::int64_t host = streamed - chosen.disk_bytes;
   inputs["host_bytes"] = host;
-  inputs["disk_bytes"] = chosen->disk_bytes;
-  inputs["ring_bytes"] = chosen->ring;
-  inputs["largest_disk_unit_bytes"] = chosen->largest;
+  inputs["disk_bytes"] = chosen.disk_bytes;
+  inputs["ring_bytes"] = chosen.ring;
+  inputs["largest_disk_unit_bytes"] = chosen.largest;
   inputs["window_bytes"] = window > 0 ? window : kDefaultPrefetchWindowBytes;
-  inputs["units_on_disk"] = chosen->disk.size();
+  inputs["units_on_disk"] = chosen.disk.size();
   inputs["units"] = units.size();
   inputs["disk_units"] = names_json(names);
   inputs["loader_pinned_host_bytes"] = kept_host;
@@ -236,8 +269,8 @@ void Planner::plan_tiers() {
   std::string detail = fmt::format(
       "streamed {} exceed the host RAM budget {} ({}): {} of {} units ({}) are read from the "
       "checkpoint every step through a pinned ring of {}, {} from host memory",
-      gib(streamed), gib(budget), origin, chosen->disk.size(), units.size(),
-      gib(chosen->disk_bytes), gib(chosen->ring), gib(host));
+      gib(streamed), gib(budget), origin, chosen.disk.size(), units.size(), gib(chosen.disk_bytes),
+      gib(chosen.ring), gib(host));
   if (over > 0) {
     detail += fmt::format(
         "; even so {} over the estimate (free RAM less the reserve, not a limit); set "
