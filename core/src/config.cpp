@@ -324,56 +324,79 @@ std::size_t nesting_depth(std::string_view pattern) {
 constexpr std::size_t kMaxPatternStates = 10000;
 constexpr std::size_t kMaxPatternCountDigits = 4;
 
-// Why `pattern` would compile to too many states or holds too large a number; "" when it is fine.
-// Malformed syntax is left to std::regex, which reports it.
-std::string repetition_problem(std::string_view pattern) {
+// The states a pattern compiles to, counted term by term with one frame per open group (see
+// Note [Pattern repetition]); counts are capped just above the limit so they cannot overflow.
+class StateCounter {
+ public:
   static constexpr std::size_t kOver = kMaxPatternStates + 1;
-  const auto capped = [](std::size_t v) { return std::min(v, kOver); };
+
+  void add_term(std::size_t states, bool unbounded = false) {
+    Frame& f = stack_.back();
+    f.total = capped(f.total + f.last);
+    f.last = states;
+    f.last_unbounded = unbounded;
+    f.unbounded = f.unbounded || unbounded;
+  }
+  // Repeats the latest term `times` times, without bound when `unbounded`; false when that term
+  // already repeats without bound.
+  bool repeat_last(std::size_t times, bool unbounded) {
+    Frame& f = stack_.back();
+    if (f.last_unbounded && (unbounded || times > 1)) return false;
+    f.last = capped(f.last * times);
+    f.last_unbounded = f.last_unbounded || unbounded;
+    f.unbounded = f.unbounded || unbounded;
+    return true;
+  }
+  void open_group() { stack_.emplace_back(); }
+  bool in_group() const { return stack_.size() > 1; }
+  // A group closes into one term of its parent (its states plus one for the group itself).
+  void close_group() {
+    const Frame inner = stack_.back();
+    stack_.pop_back();
+    add_term(capped(inner.total + inner.last + 1), inner.unbounded);
+  }
+  std::size_t states() {
+    while (in_group()) close_group();  // unbalanced: std::regex will say so; count what is there
+    return capped(stack_.back().total + stack_.back().last);
+  }
+
+ private:
   struct Frame {
     std::size_t total = 0;        // states of the finished terms of this group
     std::size_t last = 0;         // states of the latest term, which a quantifier repeats
     bool unbounded = false;       // some term of this group repeats without bound (*, +, {m,})
     bool last_unbounded = false;  // ... the latest term does
   };
-  std::vector<Frame> stack(1);
-  bool after_quantifier = false;  // the previous token was *, +, {m,n} (or one of them and ?)
-  const auto add_term = [&](std::size_t states, bool unbounded = false) {
-    Frame& f = stack.back();
-    f.total = capped(f.total + f.last);
-    f.last = states;
-    f.last_unbounded = unbounded;
-    f.unbounded = f.unbounded || unbounded;
-  };
-  // Repeats the latest term `times` times, without bound when `unbounded`; false when that term
-  // already repeats without bound (see Note [Pattern repetition]).
-  const auto repeat_last = [&](std::size_t times, bool unbounded) {
-    Frame& f = stack.back();
-    if (f.last_unbounded && (unbounded || times > 1)) return false;
-    f.last = capped(f.last * times);
-    f.last_unbounded = f.last_unbounded || unbounded;
-    f.unbounded = f.unbounded || unbounded;
-    return true;
-  };
+  static std::size_t capped(std::size_t v) { return std::min(v, kOver); }
+  std::vector<Frame> stack_ = std::vector<Frame>(1);
+};
+
+// Reads the digits of `pattern` at `i`; false when there are more than kMaxPatternCountDigits.
+bool read_count(std::string_view pattern, std::size_t& i, std::size_t* value) {
+  std::size_t digits = 0;
+  *value = 0;
+  while (i < pattern.size() && pattern[i] >= '0' && pattern[i] <= '9') {
+    if (++digits > kMaxPatternCountDigits) return false;
+    *value = *value * 10 + static_cast<std::size_t>(pattern[i] - '0');
+    ++i;
+  }
+  return true;
+}
+
+// Why `pattern` would compile to too many states or holds too large a number; "" when it is fine.
+// Malformed syntax is left to std::regex, which reports it.
+std::string repetition_problem(std::string_view pattern) {
   const std::string nested =
       "repeats a group that already repeats without bound (such as (a*)* or (a+){2}), which "
       "backtracks exponentially";
-  // Reads the digits at `i`; false when there are more than kMaxPatternCountDigits.
-  const auto read_number = [&](std::size_t& i, std::size_t* value) {
-    std::size_t digits = 0;
-    *value = 0;
-    while (i < pattern.size() && pattern[i] >= '0' && pattern[i] <= '9') {
-      if (++digits > kMaxPatternCountDigits) return false;
-      *value = *value * 10 + static_cast<std::size_t>(pattern[i] - '0');
-      ++i;
-    }
-    return true;
-  };
   const std::string too_long =
       internal::str_cat("holds a repetition count or back-reference with more than ",
                         kMaxPatternCountDigits, " digits");
   const std::string stacked =
       "repeats a repetition directly (such as a** or a+{2}), which backtracks exponentially; "
       "JavaScript refuses it as well";
+  StateCounter counter;
+  bool after_quantifier = false;  // the previous token was *, +, {m,n} (or one of them and ?)
   for (std::size_t i = 0; i < pattern.size();) {
     const char c = pattern[i];
     const bool quantifier = c == '*' || c == '+' || c == '{';
@@ -383,58 +406,50 @@ std::string repetition_problem(std::string_view pattern) {
       ++i;
       std::size_t number = 0;
       if (i < pattern.size() && pattern[i] >= '1' && pattern[i] <= '9') {
-        if (!read_number(i, &number)) return too_long;
+        if (!read_count(pattern, i, &number)) return too_long;
       } else {
         ++i;
       }
-      add_term(1);
+      counter.add_term(1);
     } else if (c == '[') {
       for (++i; i < pattern.size() && pattern[i] != ']'; ++i) {
         if (pattern[i] == '\\') ++i;
       }
       ++i;
-      add_term(1);
+      counter.add_term(1);
     } else if (c == '(') {
-      stack.emplace_back();
+      counter.open_group();
       ++i;
-    } else if (c == ')' && stack.size() > 1) {
-      const Frame inner = stack.back();
-      stack.pop_back();
-      add_term(capped(inner.total + inner.last + 1), inner.unbounded);
+    } else if (c == ')' && counter.in_group()) {
+      counter.close_group();
       ++i;
     } else if (c == '{') {
       std::size_t low = 0, high = 0;
       ++i;
-      if (!read_number(i, &low)) return too_long;
+      if (!read_count(pattern, i, &low)) return too_long;
       high = low;
       bool open_ended = false;
       if (i < pattern.size() && pattern[i] == ',') {
         ++i;
         const std::size_t at = i;
-        if (!read_number(i, &high)) return too_long;
+        if (!read_count(pattern, i, &high)) return too_long;
         open_ended = i == at;
         if (open_ended) high = low + 1;  // x{m,}: m copies and a star
       }
-      if (!repeat_last(std::max<std::size_t>(high, 1), open_ended)) return nested;
+      if (!counter.repeat_last(std::max<std::size_t>(high, 1), open_ended)) return nested;
       if (i < pattern.size() && pattern[i] == '}') ++i;
     } else if (c == '*' || c == '+') {
-      if (!repeat_last(2, true)) return nested;
+      if (!counter.repeat_last(2, true)) return nested;
       ++i;
     } else if (c == '|') {
-      add_term(0);
+      counter.add_term(0);
       ++i;
     } else {
-      if (c != '?') add_term(1);
+      if (c != '?') counter.add_term(1);
       ++i;
     }
   }
-  while (stack.size() > 1) {  // unbalanced: std::regex will say so; count what is there
-    const Frame inner = stack.back();
-    stack.pop_back();
-    add_term(capped(inner.total + inner.last + 1));
-  }
-  const std::size_t states = capped(stack.back().total + stack.back().last);
-  if (states > kMaxPatternStates) {
+  if (counter.states() > kMaxPatternStates) {
     return internal::str_cat("repeats to more than ", kMaxPatternStates,
                              " regex states (nested counts multiply)");
   }

@@ -676,6 +676,92 @@ struct CopyScheduler::Impl {
     }
   }
 
+  // finalize(), disk tier: the pinned host ring's size (Note [Disk tier]; the rule is Note
+  // [Disk ring] in ddo/core/working_set.h, over ring bytes like the staging area) and the number
+  // of reader threads.
+  Status size_disk_tier(std::size_t* ring_bytes, int* workers) const {
+    if (options.disk_ring_bytes > 0) {
+      *ring_bytes = align_up(options.disk_ring_bytes, kRingAlignment);
+    } else {
+      core::DiskRingRequest ring;
+      ring.largest_unit_bytes = static_cast<std::int64_t>(largest_disk_ring_bytes);
+      ring.disk_bytes = static_cast<std::int64_t>(disk_ring_total);
+      ring.window_bytes = static_cast<std::int64_t>(window_bytes);
+      *ring_bytes = static_cast<std::size_t>(core::size_disk_ring(ring));
+    }
+    if (*ring_bytes < largest_disk_ring_bytes) {
+      return Status(
+          Code::kInvalidArgument,
+          internal::str_cat("disk_ring_bytes=", options.disk_ring_bytes,
+                            " cannot hold the largest disk-tier unit (", largest_disk_ring_bytes,
+                            " bytes); use at least ", 2 * largest_disk_ring_bytes,
+                            " (2 x the largest disk unit) or 0 for the default"));
+    }
+    if (options.disk_read_workers < 0) {
+      return Status(Code::kInvalidArgument,
+                    internal::str_cat("disk_read_workers=", options.disk_read_workers,
+                                      " is negative; use 0 for the default (2) or a count"));
+    }
+    const int wanted = options.disk_read_workers > 0 ? options.disk_read_workers : 2;
+    // One read per unit at a time (Note [Disk tier]): more threads than units would idle.
+    *workers =
+        static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(wanted), disk_units));
+    return {};
+  }
+
+  // finalize(), disk tier: pins the host ring and starts the reader threads. On failure nothing
+  // of the disk tier is left.
+  Status open_disk_tier(std::size_t ring_bytes, int workers) {
+    void* ptr = nullptr;
+    Status status = device.allocate_host(ring_bytes, &ptr);
+    if (!status.ok()) {
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat("pinning the ", ring_bytes, "-byte host ring for ",
+                                      disk_units, " disk-tier units (largest ",
+                                      largest_disk_ring_bytes, " bytes) failed: ", status.message(),
+                                      "; lower disk_ring_bytes (at least 2 x the largest disk "
+                                      "unit) or free pinned memory"));
+    }
+    host_ring = static_cast<char*>(ptr);
+    host_ring_bytes = ring_bytes;
+    hring.assign(2 * disk_units + 16, HostRegion{});
+    jobs = std::make_unique<ReadJob[]>(hring.size());
+    queue.assign(hring.size(), -1);
+    try {
+      for (int k = 0; k < workers; ++k) reader_threads.emplace_back([this] { reader_loop(); });
+    } catch (const std::system_error& e) {
+      join_readers();
+      device.deallocate_host(host_ring);
+      host_ring = nullptr;
+      return Status(Code::kResourceExhausted,
+                    internal::str_cat("starting ", workers, " disk reader threads failed: ",
+                                      e.what(), "; lower disk_read_workers"));
+    }
+    stats.disk_ring_bytes = static_cast<std::int64_t>(ring_bytes);
+    has_disk = true;
+    return {};
+  }
+
+  // finalize(): each unit's events (release, copy done; the timed ones with time_copies), the
+  // mark and the side stream.
+  void create_events() {
+    for (Unit& u : units) {
+      u.release = device.create_event(/*timing=*/false);
+      u.fast_done = device.create_event(/*timing=*/false);
+      u.last_done = u.fast_done;
+      if (options.time_copies) {
+        for (int k = 0; k < 2; ++k) {
+          u.copy_starts[k] = device.create_event(true);
+          u.copy_dones[k] = device.create_event(true);
+        }
+        u.wait_start = device.create_event(true);
+        u.wait_end = device.create_event(true);
+      }
+    }
+    if (options.time_copies) mark = device.create_event(true);
+    if (options.use_side_stream) copy_stream = device.create_stream();
+  }
+
   void join_readers() {
     {
       std::lock_guard<std::mutex> lock(jobs_mu);
@@ -1053,37 +1139,10 @@ Status CopyScheduler::finalize() {
   }
   // The window never exceeds what the ring can hold next to one acquired unit.
   s.window_bytes = std::min(window, staging - largest);
-  // The pinned host ring of the disk tier (Note [Disk tier]; the rule is Note [Disk ring] in
-  // ddo/core/working_set.h), over ring bytes like the staging area.
   std::size_t ring_bytes = 0;
   int workers = 0;
   if (s.disk_units > 0) {
-    if (s.options.disk_ring_bytes > 0) {
-      ring_bytes = align_up(s.options.disk_ring_bytes, kRingAlignment);
-    } else {
-      core::DiskRingRequest ring;
-      ring.largest_unit_bytes = static_cast<std::int64_t>(s.largest_disk_ring_bytes);
-      ring.disk_bytes = static_cast<std::int64_t>(s.disk_ring_total);
-      ring.window_bytes = static_cast<std::int64_t>(s.window_bytes);
-      ring_bytes = static_cast<std::size_t>(core::size_disk_ring(ring));
-    }
-    if (ring_bytes < s.largest_disk_ring_bytes) {
-      return Status(
-          Code::kInvalidArgument,
-          internal::str_cat("disk_ring_bytes=", s.options.disk_ring_bytes,
-                            " cannot hold the largest disk-tier unit (", s.largest_disk_ring_bytes,
-                            " bytes); use at least ", 2 * s.largest_disk_ring_bytes,
-                            " (2 x the largest disk unit) or 0 for the default"));
-    }
-    if (s.options.disk_read_workers < 0) {
-      return Status(Code::kInvalidArgument,
-                    internal::str_cat("disk_read_workers=", s.options.disk_read_workers,
-                                      " is negative; use 0 for the default (2) or a count"));
-    }
-    workers = s.options.disk_read_workers > 0 ? s.options.disk_read_workers : 2;
-    // One read per unit at a time (Note [Disk tier]): more threads than units would idle.
-    workers =
-        static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(workers), s.disk_units));
+    if (Status sized = s.size_disk_tier(&ring_bytes, &workers); !sized.ok()) return sized;
   }
   if (staging > 0) {
     void* ptr = nullptr;
@@ -1099,56 +1158,15 @@ Status CopyScheduler::finalize() {
     s.staging = static_cast<char*>(ptr);
   }
   if (s.disk_units > 0) {
-    void* ptr = nullptr;
-    Status status = s.device.allocate_host(ring_bytes, &ptr);
-    if (!status.ok()) {
+    if (Status opened = s.open_disk_tier(ring_bytes, workers); !opened.ok()) {
       s.device.deallocate(s.staging);
       s.staging = nullptr;
-      return Status(
-          Code::kResourceExhausted,
-          internal::str_cat("pinning the ", ring_bytes, "-byte host ring for ", s.disk_units,
-                            " disk-tier units (largest ", s.largest_disk_ring_bytes,
-                            " bytes) failed: ", status.message(),
-                            "; lower disk_ring_bytes (at least 2 x the largest disk "
-                            "unit) or free pinned memory"));
+      return opened;
     }
-    s.host_ring = static_cast<char*>(ptr);
-    s.host_ring_bytes = ring_bytes;
-    s.hring.assign(2 * s.disk_units + 16, HostRegion{});
-    s.jobs = std::make_unique<ReadJob[]>(s.hring.size());
-    s.queue.assign(s.hring.size(), -1);
-    try {
-      for (int k = 0; k < workers; ++k) s.reader_threads.emplace_back([&s] { s.reader_loop(); });
-    } catch (const std::system_error& e) {
-      s.join_readers();
-      s.device.deallocate_host(s.host_ring);
-      s.host_ring = nullptr;
-      s.device.deallocate(s.staging);
-      s.staging = nullptr;
-      return Status(Code::kResourceExhausted,
-                    internal::str_cat("starting ", workers, " disk reader threads failed: ",
-                                      e.what(), "; lower disk_read_workers"));
-    }
-    s.stats.disk_ring_bytes = static_cast<std::int64_t>(ring_bytes);
-    s.has_disk = true;
   }
   s.staging_bytes = staging;
   s.stats.staging_bytes = static_cast<std::int64_t>(staging);
-  for (Unit& u : s.units) {
-    u.release = s.device.create_event(/*timing=*/false);
-    u.fast_done = s.device.create_event(/*timing=*/false);
-    u.last_done = u.fast_done;
-    if (s.options.time_copies) {
-      for (int k = 0; k < 2; ++k) {
-        u.copy_starts[k] = s.device.create_event(true);
-        u.copy_dones[k] = s.device.create_event(true);
-      }
-      u.wait_start = s.device.create_event(true);
-      u.wait_end = s.device.create_event(true);
-    }
-  }
-  if (s.options.time_copies) s.mark = s.device.create_event(true);
-  if (s.options.use_side_stream) s.copy_stream = s.device.create_stream();
+  s.create_events();
   s.ring.assign(2 * s.units.size() + 16, Region{});
   s.max_trace = 4 * s.units.size() + 16;
   s.trace.reserve(s.max_trace);

@@ -19,49 +19,42 @@ namespace ddo::adapter {
 using internal::gib;
 using internal::OffloadState;
 
-nlohmann::json Offload::report() const {
-  const OffloadState& s = *state_;
-  const internal::SetupFigures& f = s.setup;
-  nlohmann::json r;
-  r["model_class"] = s.model_class;
-  r["execution_device"] = s.device_name;
-  r["preset"] = s.settings.effective_preset;
-  r["requested_preset"] = s.settings.requested_preset;
-  r["execution_mode"] = core::to_string(s.settings.config.execution_mode);
-  r["route"] = core::to_string(s.settings.config.route);
-  r["executing"] = s.executing;
-  r["active"] = s.active;
-  r["setup"] = {{"seconds", f.total_seconds},
-                {"resolve_seconds", f.resolve_seconds},
-                {"plan_seconds", f.plan_seconds},
-                {"pin_seconds", f.pin_seconds},
-                {"moves_seconds", f.moves_seconds},
-                {"bytes",
-                 {{"resident", f.resident_bytes},
-                  {"move_once", f.move_once_bytes},
-                  {"streamed", f.streamed_bytes},
-                  {"kept", f.kept_bytes},
-                  // Already on the execution device at attach (e.g. residents kept there by the
-                  // previous remove(keep_residents_on_device)): nothing moved.
-                  {"on_device", f.on_device_bytes}}},
-                {"pinned_bytes", f.pinned_bytes},
-                {"pageable_bytes", f.pageable_bytes},
-                {"pin_fallback_bytes", f.pin_fallback_bytes},
-                {"staging_bytes", f.staging_bytes},
-                {"stream_units", f.stream_units},
-                {"plan_cached", f.plan_cached},
-                {"weight_cache",
-                 {{"status", f.weight_cache},
-                  // A hit pins nothing: its slabs were pinned by an earlier attach.
-                  {"pinned_new_bytes", f.weight_cache == "hit" ? 0 : f.pinned_bytes},
-                  {"reused_bytes", f.weight_cache_reused_bytes},
-                  {"refilled_bytes", f.weight_cache_refilled_bytes},
-                  {"changed_in_place", f.weight_cache_changed_in_place},
-                  {"process", pinned_weight_cache_stats().to_json()}}}};
+namespace {
+
+// report()["setup"]: what the attach did and what it cost.
+nlohmann::json setup_report(const internal::SetupFigures& f) {
+  nlohmann::json setup;
+  setup = {{"seconds", f.total_seconds},
+           {"resolve_seconds", f.resolve_seconds},
+           {"plan_seconds", f.plan_seconds},
+           {"pin_seconds", f.pin_seconds},
+           {"moves_seconds", f.moves_seconds},
+           {"bytes",
+            {{"resident", f.resident_bytes},
+             {"move_once", f.move_once_bytes},
+             {"streamed", f.streamed_bytes},
+             {"kept", f.kept_bytes},
+             // Already on the execution device at attach (e.g. residents kept there by the
+             // previous remove(keep_residents_on_device)): nothing moved.
+             {"on_device", f.on_device_bytes}}},
+           {"pinned_bytes", f.pinned_bytes},
+           {"pageable_bytes", f.pageable_bytes},
+           {"pin_fallback_bytes", f.pin_fallback_bytes},
+           {"staging_bytes", f.staging_bytes},
+           {"stream_units", f.stream_units},
+           {"plan_cached", f.plan_cached},
+           {"weight_cache",
+            {{"status", f.weight_cache},
+             // A hit pins nothing: its slabs were pinned by an earlier attach.
+             {"pinned_new_bytes", f.weight_cache == "hit" ? 0 : f.pinned_bytes},
+             {"reused_bytes", f.weight_cache_reused_bytes},
+             {"refilled_bytes", f.weight_cache_refilled_bytes},
+             {"changed_in_place", f.weight_cache_changed_in_place},
+             {"process", pinned_weight_cache_stats().to_json()}}}};
   if (!f.load_path.empty()) {
     // Every weight went from the files to its place (loader.h); "tier": where streamed units
     // read from during steps (pinned host memory: the whole model was admitted).
-    r["setup"]["load"] = {
+    setup["load"] = {
         {"path", f.load_path},
         {"bytes", f.load_bytes},
         {"seconds", f.load_seconds},
@@ -77,17 +70,13 @@ nlohmann::json Offload::report() const {
         {"bounced_bytes", f.bounced_bytes}};
   }
   // Streamed where the deferred loader pinned them (Note [Loader pins]): no slab, no copy.
-  r["setup"]["loader_pins"] = {{"adopted_bytes", f.adopted_bytes},
-                               {"adopted_units", f.adopted_units}};
-  r["modules_patched"] = f.modules_patched;
-  r["resident_modules"] = s.plan.resident_module_names();
-  r["resident_bytes"] = f.resident_bytes;
-  r["pinned_bytes"] = f.pinned_bytes;
-  nlohmann::json decisions = nlohmann::json::array();
-  for (const core::Decision& d : s.plan.decisions) {
-    decisions.push_back({{"name", d.name}, {"inputs", d.inputs}, {"detail", d.detail}});
-  }
-  r["decisions"] = std::move(decisions);
+  setup["loader_pins"] = {{"adopted_bytes", f.adopted_bytes}, {"adopted_units", f.adopted_units}};
+  return setup;
+}
+
+// report()["run"]: what the steps since attach streamed, waited for and read, and the memory
+// the probe saw.
+nlohmann::json run_report(const OffloadState& s) {
   nlohmann::json run = nlohmann::json::object();
   if (s.runtime) {
     const engine::SchedulerStats st = s.runtime->scheduler->stats();
@@ -135,7 +124,34 @@ nlohmann::json Offload::report() const {
     run["peak_reserved_bytes"] = snap.allocator_peak_reserved_bytes;
     run["peak_vram_gb"] = gib(std::max(snap.driver_used_bytes, snap.allocator_peak_reserved_bytes));
   }
-  r["run"] = std::move(run);
+  return run;
+}
+
+}  // namespace
+
+nlohmann::json Offload::report() const {
+  const OffloadState& s = *state_;
+  const internal::SetupFigures& f = s.setup;
+  nlohmann::json r;
+  r["model_class"] = s.model_class;
+  r["execution_device"] = s.device_name;
+  r["preset"] = s.settings.effective_preset;
+  r["requested_preset"] = s.settings.requested_preset;
+  r["execution_mode"] = core::to_string(s.settings.config.execution_mode);
+  r["route"] = core::to_string(s.settings.config.route);
+  r["executing"] = s.executing;
+  r["active"] = s.active;
+  r["setup"] = setup_report(f);
+  r["modules_patched"] = f.modules_patched;
+  r["resident_modules"] = s.plan.resident_module_names();
+  r["resident_bytes"] = f.resident_bytes;
+  r["pinned_bytes"] = f.pinned_bytes;
+  nlohmann::json decisions = nlohmann::json::array();
+  for (const core::Decision& d : s.plan.decisions) {
+    decisions.push_back({{"name", d.name}, {"inputs", d.inputs}, {"detail", d.detail}});
+  }
+  r["decisions"] = std::move(decisions);
+  r["run"] = run_report(s);
   r["profile_report"] = s.profile_report;
   r["kernels"] = internal::kernels_report(s.device_name);
   r["plan"] = {{"resident_budget_bytes", s.plan.resident_budget_bytes},
