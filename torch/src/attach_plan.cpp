@@ -666,6 +666,20 @@ void make_scheduler(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
   }
 }
 
+// Re-points a streamed tensor at a managed storage over `data`, its bytes in host memory (or in
+// the mapped file for a disk-tier unit); a weight that required grad is frozen.
+void repoint_managed(ReplacedTensor& r, const std::shared_ptr<StreamRuntime>& rt, int unit,
+                     std::size_t offset, char* data) {
+  at::Tensor managed = make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
+                                           r.handle.scalar_type(), rt, unit, offset);
+  set_weight(r.handle, managed);
+  if (r.handle.requires_grad()) {
+    r.handle.set_requires_grad(false);
+    ++rt->frozen_weights;
+  }
+  managed_of(managed)->version = current_version(r.handle);
+}
+
 // Phase 5c: fills the slabs and re-points every streamed tensor at its managed storage.
 void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
                       const std::vector<UnitLayout>& units,
@@ -688,18 +702,8 @@ void fill_and_repoint(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
     if (!reads.empty()) s.weights->read(reads, s.record_event);
     reads.clear();
     for (const auto& [ui, k] : pending) {
-      const UnitLayout& u = units[ui];
-      ReplacedTensor& r = s.replaced[u.ids[k]];
-      char* data = tensor_data(ui, k);
-      at::Tensor managed =
-          make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
-                              r.handle.scalar_type(), rt, static_cast<int>(ui), u.offsets[k]);
-      set_weight(r.handle, managed);
-      if (r.handle.requires_grad()) {
-        r.handle.set_requires_grad(false);
-        ++rt->frozen_weights;
-      }
-      managed_of(managed)->version = current_version(r.handle);
+      repoint_managed(s.replaced[units[ui].ids[k]], rt, static_cast<int>(ui), units[ui].offsets[k],
+                      tensor_data(ui, k));
     }
     jobs.clear();
     pending.clear();
@@ -1018,6 +1022,27 @@ at::Tensor copy_with_layout(const at::Tensor& t) {
   return base.as_strided(t.sizes(), t.strides(), 0);
 }
 
+// A streamed weight that stays in its slab region for the pinned-weight cache: a CPU view of
+// the region, owned by the cache entry and the view together.
+at::Tensor cached_view(const ReplacedTensor& r, const StreamRuntime& runtime,
+                       CachedWeights& entry) {
+  char* data = static_cast<char*>(runtime.slabs->tensor_ptr(r.unit)) + r.unit_offset;
+  const std::size_t span = span_bytes(r.handle);
+  CachedTensor c;
+  c.name = r.name;
+  c.sizes = r.sizes;
+  c.strides = r.strides;
+  c.dtype = r.handle.scalar_type();
+  c.unit = static_cast<std::size_t>(r.unit);
+  c.offset = r.unit_offset;
+  c.span = span;
+  c.fingerprint = sample_fingerprint(data, span);
+  at::Tensor view =
+      make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime.slabs, &c.lease);
+  entry.tensors.push_back(std::move(c));
+  return view;
+}
+
 void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_residents) {
   if (!active) return;
   ScopedUncountedCpuAllocations uncounted;
@@ -1060,21 +1085,7 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
         // pins]), so a later attach adopts it once more.
         restored[i] = r.loader_pin;
       } else if (entry && r.unit >= 0) {
-        // Stays in its slab region, now owned by the cache and this view together.
-        char* data = static_cast<char*>(runtime->slabs->tensor_ptr(r.unit)) + r.unit_offset;
-        const std::size_t span = span_bytes(r.handle);
-        CachedTensor c;
-        c.name = r.name;
-        c.sizes = r.sizes;
-        c.strides = r.strides;
-        c.dtype = r.handle.scalar_type();
-        c.unit = static_cast<std::size_t>(r.unit);
-        c.offset = r.unit_offset;
-        c.span = span;
-        c.fingerprint = sample_fingerprint(data, span);
-        restored[i] =
-            make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime->slabs, &c.lease);
-        entry->tensors.push_back(std::move(c));
+        restored[i] = cached_view(r, *runtime, *entry);
       } else {
         at::Tensor fresh = copy_with_layout(r.handle);
         if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);

@@ -124,6 +124,64 @@ PinSlots split_slots(const ModuleTree& tree, const WeightSource& source, const c
   return out;
 }
 
+// Why a load pins nothing, or "" when it may pin.
+std::string unpinned_reason(const core::DynamicOffloadSettings& settings,
+                            const std::string& device_name) {
+  const core::DynamicOffloadConfig& config = settings.config;
+  if (config.execution_mode == core::ExecutionMode::kPlan || !settings.enabled) {
+    return "the offload will not execute (plan mode or disabled)";
+  }
+  if (device_name == "cpu") return "execution_device is \"cpu\"";
+  if (!settings.pin_effective) {
+    return "pinning is off in the settings (pin_cpu_memory, or the platform)";
+  }
+  return {};
+}
+
+// Reads the slots the plan pins from the files into new host slabs of `device` and returns a CPU
+// tensor over each (a LoaderPin record keeps its slab alive); the module is not touched yet.
+std::vector<at::Tensor> read_into_slabs(const std::shared_ptr<engine::Device>& device,
+                                        const PinSlots& slots, WeightSource& source,
+                                        const core::DynamicOffloadConfig& config,
+                                        const RecordEvent& events,
+                                        std::shared_ptr<engine::HostSlabs>* slabs_out) {
+  std::vector<engine::SlabTensor> entries;
+  entries.reserve(slots.fresh_like.size());
+  for (const at::Tensor& t : slots.fresh_like) {
+    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    entries.push_back({core::align_up(bytes, kPinAlignment), true});
+  }
+  engine::HostSlabOptions slab_options;
+  slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
+  slab_options.pin_by_register = device->caps().host_register;
+  std::unique_ptr<engine::HostSlabs> made;
+  throw_if_error(engine::HostSlabs::create(*device, entries, slab_options, &made));
+  engine::HostSlabs* raw = made.release();
+  std::shared_ptr<engine::HostSlabs> slabs(raw, [device](engine::HostSlabs* s) { delete s; });
+
+  std::vector<WeightSource::Read> reads;
+  reads.reserve(slots.fresh_like.size());
+  for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
+    const at::Tensor& t = slots.fresh_like[i];
+    reads.push_back({slots.names[i], slabs->tensor_ptr(i), t.scalar_type(), t.numel()});
+  }
+  source.read(reads, events);
+  throw_if_error(slabs->pin_registered(config.pin_cpu_workers));
+
+  std::vector<at::Tensor> fresh;
+  fresh.reserve(slots.fresh_like.size());
+  for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
+    const at::Tensor& like = slots.fresh_like[i];
+    auto* record = new internal::LoaderPin{slabs, i, entries[i].bytes};
+    const c10::DimVector strides = c10::contiguous_strides(like.sizes());
+    fresh.push_back(internal::cpu_tensor_over(
+        slabs->tensor_ptr(i), static_cast<std::size_t>(like.numel()) * like.element_size(),
+        like.sizes(), strides, like.scalar_type(), record, &internal::loader_pin_deleter));
+  }
+  *slabs_out = std::move(slabs);
+  return fresh;
+}
+
 }  // namespace
 
 nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOptions& load,
@@ -145,14 +203,7 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
                            {"pinned_bytes", 0},
                            {"pageable_bytes", 0},
                            {"pin_fallback_bytes", 0}};
-  std::string unpinned;
-  if (config.execution_mode == core::ExecutionMode::kPlan || !settings.enabled) {
-    unpinned = "the offload will not execute (plan mode or disabled)";
-  } else if (device_name == "cpu") {
-    unpinned = "execution_device is \"cpu\"";
-  } else if (!settings.pin_effective) {
-    unpinned = "pinning is off in the settings (pin_cpu_memory, or the platform)";
-  }
+  std::string unpinned = unpinned_reason(settings, device_name);
   // The device that pins: the caller's, else one opened for the name without the VRAM cap (the
   // slabs keep it alive, and a cap would outlive the load with them). One that cannot be opened
   // here (no GPU, a build without CUDA) loads into ordinary memory: the load is still good, and
@@ -188,40 +239,9 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
   ctx.pin_allowed = settings.pin_effective;
   const core::Plan plan = core::make_plan(to_inventory(tree, torch_device), config, ctx);
   PinSlots slots = split_slots(tree, *source, plan);
-  std::vector<engine::SlabTensor> entries;
-  entries.reserve(slots.fresh_like.size());
-  for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
-    const at::Tensor& t = slots.fresh_like[i];
-    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-    entries.push_back({core::align_up(bytes, kPinAlignment), true});
-  }
-  engine::HostSlabOptions slab_options;
-  slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
-  slab_options.pin_by_register = device->caps().host_register;
-  std::unique_ptr<engine::HostSlabs> made;
-  throw_if_error(engine::HostSlabs::create(*device, entries, slab_options, &made));
-  engine::HostSlabs* raw = made.release();
-  std::shared_ptr<engine::HostSlabs> slabs(raw, [device](engine::HostSlabs* s) { delete s; });
-
-  std::vector<WeightSource::Read> reads;
-  reads.reserve(slots.fresh_like.size());
-  for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
-    const at::Tensor& t = slots.fresh_like[i];
-    reads.push_back({slots.names[i], slabs->tensor_ptr(i), t.scalar_type(), t.numel()});
-  }
-  source->read(reads, events);
-  throw_if_error(slabs->pin_registered(config.pin_cpu_workers));
-
-  std::vector<at::Tensor> fresh;
-  fresh.reserve(slots.fresh_like.size());
-  for (std::size_t i = 0; i < slots.fresh_like.size(); ++i) {
-    const at::Tensor& like = slots.fresh_like[i];
-    auto* record = new internal::LoaderPin{slabs, i, entries[i].bytes};
-    const c10::DimVector strides = c10::contiguous_strides(like.sizes());
-    fresh.push_back(internal::cpu_tensor_over(
-        slabs->tensor_ptr(i), static_cast<std::size_t>(like.numel()) * like.element_size(),
-        like.sizes(), strides, like.scalar_type(), record, &internal::loader_pin_deleter));
-  }
+  std::shared_ptr<engine::HostSlabs> slabs;
+  const std::vector<at::Tensor> fresh =
+      read_into_slabs(device, slots, *source, config, events, &slabs);
   // Everything else the files hold is read into ordinary CPU tensors; only then are the pinned
   // ones swapped in, so a failed read leaves the module's placeholders as they were.
   materialize(slots.rest, *source, events);
