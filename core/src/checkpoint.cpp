@@ -448,6 +448,42 @@ Status parse_metadata(const json& value, const std::string& label,
   return Status::ok_status();
 }
 
+// Reads a tensor's shape into out->shape and its byte count into out->bytes; what is wrong with
+// it ("" when nothing), in the words of parse_tensor's errors.
+std::string shape_problem(const json& shape, std::uint64_t elem_bytes,
+                          const CheckpointLimits& limits, CheckpointTensor* out) {
+  if (!shape.is_array()) {
+    return fmt::format("has a {} for shape, expected an array of sizes", shape.type_name());
+  }
+  if (shape.size() > static_cast<std::size_t>(limits.max_rank)) {
+    return fmt::format("has {} dimensions, more than the {} ddo allows", shape.size(),
+                       limits.max_rank);
+  }
+  // See Note [Checkpoint validation]: the product of the nonzero sizes, times the element size,
+  // fits in int64.
+  constexpr std::uint64_t kMaxBytes = std::numeric_limits<std::int64_t>::max();
+  std::uint64_t nonzero_bytes = elem_bytes;
+  bool empty = false;
+  out->shape.clear();
+  for (const json& dim : shape) {
+    const std::optional<std::uint64_t> size = as_count(dim);
+    if (!size) {
+      return fmt::format("has shape {}, expected non-negative integer sizes", json_excerpt(dim));
+    }
+    if (*size == 0) {
+      empty = true;
+    } else if (*size > kMaxBytes / nonzero_bytes) {
+      return fmt::format("has shape {}, whose byte count does not fit in 64 bits",
+                         json_excerpt(shape));
+    } else {
+      nonzero_bytes *= *size;
+    }
+    out->shape.push_back(static_cast<std::int64_t>(*size));
+  }
+  out->bytes = empty ? 0 : nonzero_bytes;
+  return {};
+}
+
 // One entry of the header: fills *out (offset relative to the data section) and *end.
 Status parse_tensor(const std::string& name, const json& entry, std::uint64_t data_bytes,
                     const std::string& label, const CheckpointLimits& limits, CheckpointTensor* out,
@@ -485,36 +521,10 @@ Status parse_tensor(const std::string& name, const json& entry, std::uint64_t da
   out->dtype = *parsed;
   const std::uint64_t elem_bytes = static_cast<std::uint64_t>(tensor_dtype_bytes(*parsed));
 
-  const json& shape = entry["shape"];
-  if (!shape.is_array())
-    return bad(fmt::format("has a {} for shape, expected an array of sizes", shape.type_name()));
-  if (shape.size() > static_cast<std::size_t>(limits.max_rank)) {
-    return bad(fmt::format("has {} dimensions, more than the {} ddo allows", shape.size(),
-                           limits.max_rank));
+  if (std::string problem = shape_problem(entry["shape"], elem_bytes, limits, out);
+      !problem.empty()) {
+    return bad(problem);
   }
-  // See Note [Checkpoint validation]: the product of the nonzero sizes, times the element size,
-  // fits in int64.
-  constexpr std::uint64_t kMaxBytes = std::numeric_limits<std::int64_t>::max();
-  std::uint64_t nonzero_bytes = elem_bytes;
-  bool empty = false;
-  out->shape.clear();
-  for (const json& dim : shape) {
-    const std::optional<std::uint64_t> size = as_count(dim);
-    if (!size) {
-      return bad(
-          fmt::format("has shape {}, expected non-negative integer sizes", json_excerpt(dim)));
-    }
-    if (*size == 0) {
-      empty = true;
-    } else if (*size > kMaxBytes / nonzero_bytes) {
-      return bad(fmt::format("has shape {}, whose byte count does not fit in 64 bits",
-                             json_excerpt(shape)));
-    } else {
-      nonzero_bytes *= *size;
-    }
-    out->shape.push_back(static_cast<std::int64_t>(*size));
-  }
-  out->bytes = empty ? 0 : nonzero_bytes;
 
   const json& offsets = entry["data_offsets"];
   std::optional<std::uint64_t> begin;
