@@ -4,6 +4,8 @@
 #include "ddo/core/os_memory.h"
 
 #include "win32.h"
+
+#include <psapi.h>
 // After windows.h:
 #include <malloc.h>
 
@@ -35,6 +37,17 @@ std::size_t page_size() {
   SYSTEM_INFO info;
   GetSystemInfo(&info);
   return static_cast<std::size_t>(info.dwPageSize);
+}
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  PROCESS_MEMORY_COUNTERS counters{};
+  counters.cb = sizeof counters;
+  if (GetProcessMemoryInfo(GetCurrentProcess(), &counters, sizeof counters)) {
+    m.resident_bytes = static_cast<std::int64_t>(counters.WorkingSetSize);
+    m.peak_resident_bytes = static_cast<std::int64_t>(counters.PeakWorkingSetSize);
+  }
+  return m;
 }
 
 }  // namespace ddo::core::os

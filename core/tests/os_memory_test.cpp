@@ -3,6 +3,8 @@
 #include "ddo/core/os_memory.h"
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -22,6 +24,20 @@ TEST(OsMemoryTest, ZeroPagesReadAsZeroAcrossTheWholeReservation) {
   sum += p[bytes - 1];
   EXPECT_EQ(sum, 0u);
   release_zero_pages(base, bytes);
+}
+
+TEST(OsMemoryTest, ProcessMemoryCountsPagesThisProcessTouches) {
+  const ProcessMemory before = process_memory();
+  ASSERT_GT(before.resident_bytes, 0);
+  ASSERT_GE(before.peak_resident_bytes, before.resident_bytes);
+  // 64 MiB written page by page: resident until freed, so the reading grows by most of it.
+  const std::size_t bytes = std::size_t{64} << 20;
+  std::unique_ptr<char[]> block(new char[bytes]);
+  std::memset(block.get(), 1, bytes);
+  const ProcessMemory during = process_memory();
+  EXPECT_GE(during.resident_bytes, before.resident_bytes + static_cast<std::int64_t>(bytes / 2));
+  EXPECT_GE(during.peak_resident_bytes, during.resident_bytes);
+  EXPECT_EQ(block[bytes - 1], 1);
 }
 
 TEST(OsMemoryTest, AnImpossibleReservationFailsWithAReason) {

@@ -30,7 +30,9 @@ from . import _C
 from .api import OffloadResult, ProfileRunContext, RecordEvent, _check_public_args, _enable
 from .config import DynamicOffloadConfig, DynamicOffloadSettings
 
-__all__ = ["PipelineOffloadResult", "enable_pipeline_offload", "pipeline_components"]
+__all__ = [
+    "GenerationContext", "PipelineOffloadResult", "enable_pipeline_offload", "pipeline_components",
+]
 
 
 def pipeline_components(pipeline: Any) -> tuple[dict[str, nn.Module], dict[str, str]]:
@@ -72,11 +74,13 @@ class PipelineOffloadResult:
         routes: dict[str, str],
         skipped: dict[str, str],
         profiled: str,
+        modules: Optional[dict[str, nn.Module]] = None,
     ) -> None:
         self.components = components  # name -> OffloadResult, None on the "none" route
         self.routes = routes
         self.skipped = skipped
         self.profiled_component = profiled
+        self.modules = dict(modules or {})  # name -> the component module, every route
 
     # A read-only mapping of component name -> OffloadResult, as diffusers-dynamic-offloader's
     # enable_pipeline_offload returns a dict of its results.
@@ -121,6 +125,15 @@ class PipelineOffloadResult:
             )
         return offload.profile_run()
 
+    def generation(self) -> "GenerationContext":
+        """``with offloads.generation() as gen:`` -- one generation's report in ``gen.report``.
+
+        Each component's forward is one stage (timed with the device synchronized at its
+        boundaries); the report gives seconds per stage and in all, the bytes each component
+        streamed and read from disk, peak VRAM and peak RSS (ddo/torch/generation.h).
+        """
+        return GenerationContext(self)
+
     def remove(self) -> None:
         """Restores every component, in reverse order."""
         for offload in reversed(list(self.components.values())):
@@ -152,6 +165,51 @@ class PipelineOffloadResult:
     def __repr__(self) -> str:
         routes = ", ".join(f"{k}={v}" for k, v in self.routes.items())
         return f"<ddo.PipelineOffloadResult {routes}>"
+
+
+class GenerationContext:
+    """``with offloads.generation() as gen: pipe(...)`` -- see PipelineOffloadResult.generation.
+
+    While open, a forward pre-hook and a forward hook on each component module begin and end its
+    stage in the C++ GenerationMeter; on exit the hooks are removed and ``report`` (a dict) holds
+    the generation's report, also when the block raised.
+    """
+
+    def __init__(self, offloads: PipelineOffloadResult) -> None:
+        self._offloads = offloads
+        self._meter: Optional["_C.GenerationMeter"] = None
+        self._hooks: list[Any] = []
+        self.report: dict[str, Any] = {}
+
+    def __enter__(self) -> "GenerationContext":
+        if self._meter is not None:
+            raise RuntimeError("this generation() context is already open")
+        natives = [
+            (name, offload._native if offload is not None else None)
+            for name, offload in self._offloads.components.items()
+        ]
+        self._meter = _C.GenerationMeter(natives)
+        self.report.clear()
+        meter = self._meter
+        for name, module in self._offloads.modules.items():
+            def begin(_module, _args, stage=name):
+                meter.begin_stage(stage)
+
+            def end(_module, _args, _output, stage=name):
+                meter.end_stage(stage)
+
+            self._hooks.append(module.register_forward_pre_hook(begin))
+            self._hooks.append(module.register_forward_hook(end, always_call=True))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        meter, self._meter = self._meter, None
+        if meter is not None:
+            self.report.update(meter.finish())
+        return False
 
 
 def enable_pipeline_offload(
@@ -270,4 +328,4 @@ def enable_pipeline_offload(
             if offload is not None:
                 offload.remove()
         raise
-    return PipelineOffloadResult(done, routes, skipped, profiled)
+    return PipelineOffloadResult(done, routes, skipped, profiled, modules)

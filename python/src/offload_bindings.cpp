@@ -29,6 +29,7 @@
 #include "ddo/core/settings.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
+#include "ddo/torch/generation.h"
 #include "ddo/torch/interception.h"
 #include "ddo/torch/loader.h"
 #include "ddo/torch/module_tree.h"
@@ -278,6 +279,47 @@ void bind_offload(py::module_& m) {
           "report then has an 'error' saying to calibrate this workload.")
       .def("report", [](const adapter::ProfileRun& run) { return from_json(run.report()); })
       .def_property_readonly("active", &adapter::ProfileRun::active);
+
+  // One generation's report (ddo/torch/generation.h); ddo/diffusers.py times each component's
+  // forward as a stage.
+  py::class_<adapter::GenerationMeter>(m, "GenerationMeter")
+      .def(py::init([](const py::list& offloads) {
+             std::vector<std::pair<std::string, const adapter::Offload*>> items;
+             for (const py::handle& item : offloads) {
+               const auto pair = item.cast<py::tuple>();
+               const py::object offload = pair[1];
+               items.emplace_back(pair[0].cast<std::string>(),
+                                  offload.is_none() ? nullptr : offload.cast<adapter::Offload*>());
+             }
+             return std::make_unique<adapter::GenerationMeter>(std::move(items));
+           }),
+           py::arg("offloads"), py::keep_alive<1, 2>(),
+           "Starts metering a generation over [(component name, Offload or None)].")
+      .def(
+          "begin_stage",
+          [](adapter::GenerationMeter& g, const std::string& name) {
+            py::gil_scoped_release release;
+            g.begin_stage(name);
+          },
+          py::arg("name"))
+      .def(
+          "end_stage",
+          [](adapter::GenerationMeter& g, const std::string& name) {
+            py::gil_scoped_release release;
+            g.end_stage(name);
+          },
+          py::arg("name"))
+      .def(
+          "finish",
+          [](adapter::GenerationMeter& g) {
+            nlohmann::json report;
+            {
+              py::gil_scoped_release release;
+              report = g.finish();
+            }
+            return from_json(report);
+          },
+          "Ends the generation; returns its report (dict).");
 
   py::class_<adapter::Offload, std::unique_ptr<adapter::Offload>>(m, "Offload")
       .def(

@@ -4,6 +4,7 @@ enable_pipeline_offload calls it; these tests ask it directly, then check that t
 point follows it."""
 
 import pytest
+import torch
 
 import ddo
 from ddo import _C
@@ -113,3 +114,55 @@ def test_each_components_settings_come_from_the_router(monkeypatch):
         ("dynamic", "sim:2", "w"),
         ("device", "sim:2", ""),
     ]
+
+
+def test_a_generation_reports_each_component_as_a_stage(monkeypatch):
+    """offloads.generation(): one stage per component forward (C++ GenerationMeter), the bytes
+    each component streamed in the generation, and outputs unchanged by the meter."""
+    monkeypatch.setenv("DDO_VAE_ROUTE", "none")
+    torch.manual_seed(5)
+    pipe = {"text_encoder": TinyNet().eval(), "transformer": TinyNet().eval(),
+            "vae": TinyNet().eval()}
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        expected = [pipe[n](ids) for n in ("text_encoder", "transformer", "transformer", "vae")]
+    offload = ddo.enable_pipeline_offload(pipe, **STREAM_ALL)
+    try:
+        before = {n: offload[n].report()["run"]["bytes_streamed"]
+                  for n in ("text_encoder", "transformer")}
+        with torch.no_grad(), offload.generation() as gen:
+            got = [pipe[n](ids) for n in ("text_encoder", "transformer", "transformer", "vae")]
+        r = gen.report
+        for a, b in zip(got, expected):
+            assert torch.equal(a, b)
+        assert [s["name"] for s in r["stages"]] == ["text_encoder", "transformer", "vae"]
+        assert [s["calls"] for s in r["stages"]] == [1, 2, 1]
+        assert r["seconds"] >= sum(s["seconds"] for s in r["stages"])
+        for name in ("text_encoder", "transformer"):
+            gained = offload[name].report()["run"]["bytes_streamed"] - before[name]
+            assert r["components"][name]["bytes_streamed"] == gained
+        assert "vae" not in r["components"]  # route none: ddo places nothing
+        assert r["bytes_streamed"] == sum(c["bytes_streamed"] for c in r["components"].values())
+        assert r["device"] == "sim:0"
+        assert r["peak_vram_bytes"] > 0 and r["peak_rss_bytes"] > 0
+        # The hooks are gone: a forward after the block is not metered and nothing fails.
+        with torch.no_grad():
+            pipe["transformer"](ids)
+        assert not pipe["transformer"]._forward_hooks and not pipe["transformer"]._forward_pre_hooks
+    finally:
+        offload.remove()
+
+
+def test_a_generation_that_raises_still_reports(monkeypatch):
+    pipe = {"transformer": TinyNet().eval()}
+    offload = ddo.enable_pipeline_offload(pipe, **STREAM_ALL)
+    try:
+        gen = offload.generation()
+        ids = torch.full((1, 2), 1000, dtype=torch.long)  # the embedding has 64 rows
+        with pytest.raises(IndexError), torch.no_grad(), gen:
+            pipe["transformer"](ids)
+        assert [s["calls"] for s in gen.report["stages"]] == [1]  # ended by the forward hook
+        assert not pipe["transformer"]._forward_hooks
+    finally:
+        offload.remove()
+

@@ -163,6 +163,18 @@ nlohmann::json Offload::report() const {
   return r;
 }
 
+Offload::Counters Offload::counters() const {
+  const OffloadState& s = *state_;
+  Counters c;
+  if (s.runtime) {
+    const engine::SchedulerStats st = s.runtime->scheduler->stats();
+    c.bytes_streamed = st.bytes_copied;
+    c.disk_bytes_read = st.disk_bytes_read;
+  }
+  if (s.weights) c.file_bytes_read = s.weights->read_stats().bytes;
+  return c;
+}
+
 std::string Offload::summary() const {
   const OffloadState& s = *state_;
   const nlohmann::json r = report();

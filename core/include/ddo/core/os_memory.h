@@ -22,6 +22,7 @@
 // never written), but the size counts against the system's commit limit (RAM + page file).
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace ddo::core::os {
@@ -39,5 +40,17 @@ void trim_heap();
 
 /// The page size of the system (getpagesize / GetSystemInfo).
 std::size_t page_size();
+
+/// This process's physical memory: what it holds now and the most it held since it began (or
+/// since the peak was last reset, on Linux by writing 5 to /proc/self/clear_refs). -1 where the
+/// system cannot tell.
+struct ProcessMemory {
+  std::int64_t resident_bytes = -1;       ///< Linux VmRSS, Windows WorkingSetSize
+  std::int64_t peak_resident_bytes = -1;  ///< Linux VmHWM, Windows PeakWorkingSetSize
+};
+
+/// Reads ProcessMemory: /proc/self/status on Linux (getrusage's peak elsewhere on POSIX),
+/// GetProcessMemoryInfo on Windows. Cheap enough to sample every few milliseconds.
+ProcessMemory process_memory();
 
 }  // namespace ddo::core::os

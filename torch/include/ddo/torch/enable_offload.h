@@ -138,6 +138,15 @@ class Offload {
   const core::DynamicOffloadSettings& settings() const;
   /// The device the offload executes on (null in plan mode).
   std::shared_ptr<engine::Device> device() const;
+
+  /// The running totals report()["run"] gives, read without building the report (a
+  /// GenerationMeter reads them at every stage boundary).
+  struct Counters {
+    std::int64_t bytes_streamed = 0;   ///< host -> device copies of streamed units
+    std::int64_t disk_bytes_read = 0;  ///< disk-tier reads during steps
+    std::int64_t file_bytes_read = 0;  ///< every read from the checkpoint (load and disk tier)
+  };
+  Counters counters() const;
   /// Clears the per-run figures (bytes streamed, copy and wait time, peaks).
   void reset_run_stats();
   /// Diagnostics: mark_step() records a reference point on the compute stream (e.g. before a

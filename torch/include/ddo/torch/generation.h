@@ -1,0 +1,121 @@
+/// \file
+/// GenerationMeter: one report per generation of a pipeline (prompt encoders, denoising steps,
+/// decode): seconds per stage, bytes streamed and read from disk, peak VRAM and peak RSS.
+///
+/// A stage is a span of the host's program with a name; the meter synchronizes the device at its
+/// boundaries, so a stage's seconds are the work queued inside it, not the time it took to queue.
+/// Between begin and finish a sampling thread reads the device's used memory (the driver's view,
+/// which counts every allocation on the card) and the process's resident memory; it never resets
+/// the allocator's peak counters, so a profile_run() region inside the generation measures as it
+/// would without the meter.
+/// ```
+/// auto pipe = ddo::adapter::enable_pipeline_offload({{"text_encoder", te}, {"transformer", dit},
+///                                                    {"vae", vae}}, options);
+/// ddo::adapter::GenerationMeter meter(*pipe);
+/// { auto stage = meter.stage("text_encoder"); ids_embedded = te->forward(ids); }
+/// for (int step = 0; step < steps; ++step) {
+///   auto stage = meter.stage("transformer");
+///   latents = step_of(dit->forward(latents, ids_embedded, t[step]));
+/// }
+/// { auto stage = meter.stage("vae"); image = vae->forward(latents); }
+/// nlohmann::json report = meter.finish();
+/// // report["stages"] == [{"name": "text_encoder", "seconds": .., "calls": 1}, {"name":
+/// //   "transformer", "calls": 28, ..}, ..]; report["bytes_streamed"], ["disk_bytes_read"],
+/// //   ["peak_vram_gb"], ["peak_rss_gb"], ["components"][name]["bytes_streamed"], ...
+/// ```
+/// Python: `with offloads.generation() as gen: pipe(...)`, then `gen.report` (one stage per
+/// component, timed by forward hooks on the components).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ddo/torch/enable_offload.h"
+
+namespace ddo::engine {
+class Device;
+}  // namespace ddo::engine
+
+namespace ddo::adapter {
+
+class MemoryProbe;
+
+/// Meters one generation; see the file comment. Not thread-safe: one thread drives the stages.
+class GenerationMeter {
+ public:
+  /// Meters `offloads` (by component name; null for a component ddo does not place) on the
+  /// device of the first one that executes; with none, only seconds and RSS are measured.
+  /// The offloads must outlive the meter. Starts the generation: its seconds, the sampling.
+  explicit GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads);
+  /// Meters every component of `pipeline`.
+  explicit GenerationMeter(PipelineOffload& pipeline);
+  ~GenerationMeter();  ///< stops the sampling thread
+  GenerationMeter(const GenerationMeter&) = delete;
+  GenerationMeter& operator=(const GenerationMeter&) = delete;
+
+  /// Begins a stage (synchronizes the device first). Stages may nest; a stage begun again
+  /// before it ended (a component calling itself) counts once, as one call.
+  void begin_stage(const std::string& name);
+  /// Ends the stage `name` (synchronizes the device first). Throws for a stage not begun.
+  void end_stage(const std::string& name);
+
+  /// Ends its stage when it goes out of scope (also when the stage throws).
+  class Stage {
+   public:
+    Stage(GenerationMeter* meter, std::string name);
+    ~Stage();
+    Stage(Stage&& other) noexcept;
+    Stage(const Stage&) = delete;
+    Stage& operator=(const Stage&) = delete;
+    Stage& operator=(Stage&&) = delete;
+
+   private:
+    GenerationMeter* meter_;
+    std::string name_;
+  };
+  /// begin_stage(name) now, end_stage(name) when the result is destroyed.
+  [[nodiscard]] Stage stage(const std::string& name);
+
+  /// Ends the generation and returns its report (see the file comment; JSON-safe). Stages still
+  /// open are ended first. Calling it again returns the same report.
+  nlohmann::json finish();
+
+ private:
+  struct StageFigures {
+    std::string name;
+    double seconds = 0;
+    std::int64_t calls = 0;
+    int depth = 0;  // open begin_stage calls
+    std::chrono::steady_clock::time_point began{};
+  };
+  void synchronize();
+  void read_memory_now();
+  void sample_loop();
+  StageFigures* find_stage(const std::string& name);
+
+  std::vector<std::pair<std::string, const Offload*>> offloads_;
+  std::vector<Offload::Counters> counters_at_start_;
+  std::shared_ptr<engine::Device> device_;
+  std::string device_name_;
+  std::unique_ptr<MemoryProbe> probe_;
+  std::vector<StageFigures> stages_;  // in the order they first began
+  std::chrono::steady_clock::time_point started_;
+  std::int64_t start_rss_bytes_ = -1;
+  std::atomic<std::int64_t> peak_vram_bytes_{-1};
+  std::atomic<std::int64_t> peak_rss_bytes_{-1};
+  std::atomic<std::int64_t> samples_{0};
+  std::atomic<bool> stop_{false};
+  std::thread sampler_;
+  bool finished_ = false;
+  nlohmann::json report_;
+};
+
+}  // namespace ddo::adapter

@@ -1,0 +1,209 @@
+// GenerationMeter (ddo/torch/generation.h): one report per generation of a pipeline.
+#include "ddo/torch/generation.h"
+
+#include <algorithm>
+
+#include "ddo/core/device_name.h"
+#include "ddo/core/os_memory.h"
+#include "ddo/core/status.h"
+#include "ddo/engine/device.h"
+#include "ddo/torch/memory_probe.h"
+
+namespace ddo::adapter {
+namespace {
+
+// Often enough to catch a decode's or an encoder's peak (each lasts far longer), rarely enough
+// that the thread costs nothing measurable (one /proc read and one memory query per period).
+constexpr std::chrono::milliseconds kSamplePeriod{5};
+
+double to_gib(std::int64_t bytes) {
+  return bytes < 0 ? -1.0 : static_cast<double>(bytes) / static_cast<double>(std::int64_t{1} << 30);
+}
+
+void raise_to(std::atomic<std::int64_t>& peak, std::int64_t value) {
+  std::int64_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+std::vector<std::pair<std::string, const Offload*>> offloads_of(PipelineOffload& pipeline) {
+  std::vector<std::pair<std::string, const Offload*>> out;
+  for (const std::string& name : pipeline.component_names()) {
+    out.emplace_back(name, pipeline.component(name));
+  }
+  return out;
+}
+
+}  // namespace
+
+GenerationMeter::GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads)
+    : offloads_(std::move(offloads)) {
+  for (const auto& [name, offload] : offloads_) {
+    counters_at_start_.push_back(offload != nullptr ? offload->counters() : Offload::Counters{});
+    if (!device_ && offload != nullptr && offload->device()) device_ = offload->device();
+  }
+  if (device_) {
+    const engine::DeviceCaps caps = device_->caps();
+    const bool sim = caps.kind == engine::DeviceKind::kSim;
+    device_name_ =
+        core::DeviceName{sim ? core::DeviceType::kSim : core::DeviceType::kCuda, caps.index}.str();
+    if (sim) {
+      probe_ = make_sim_memory_probe(*device_);
+    } else {
+      throw_if_error(make_cuda_memory_probe(caps.index, &probe_));
+    }
+  }
+  synchronize();
+  start_rss_bytes_ = core::os::process_memory().resident_bytes;
+  read_memory_now();
+  started_ = std::chrono::steady_clock::now();
+  sampler_ = std::thread([this] { sample_loop(); });
+}
+
+GenerationMeter::GenerationMeter(PipelineOffload& pipeline)
+    : GenerationMeter(offloads_of(pipeline)) {}
+
+GenerationMeter::~GenerationMeter() {
+  stop_.store(true);
+  if (sampler_.joinable()) sampler_.join();
+}
+
+void GenerationMeter::synchronize() {
+  if (probe_) probe_->synchronize();
+}
+
+void GenerationMeter::read_memory_now() {
+  if (probe_) {
+    const MemorySnapshot snap = probe_->snapshot();
+    raise_to(peak_vram_bytes_, std::max(snap.driver_used_bytes, snap.allocator_reserved_bytes));
+  }
+  raise_to(peak_rss_bytes_, core::os::process_memory().resident_bytes);
+}
+
+void GenerationMeter::sample_loop() {
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (probe_) raise_to(peak_vram_bytes_, probe_->driver_used_bytes());
+    raise_to(peak_rss_bytes_, core::os::process_memory().resident_bytes);
+    samples_.fetch_add(1, std::memory_order_relaxed);
+    std::this_thread::sleep_for(kSamplePeriod);
+  }
+}
+
+GenerationMeter::StageFigures* GenerationMeter::find_stage(const std::string& name) {
+  for (StageFigures& s : stages_) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+void GenerationMeter::begin_stage(const std::string& name) {
+  DDO_CHECK(!finished_, Code::kFailedPrecondition, "begin_stage('", name,
+            "') after finish(): a meter measures one generation; make a new one");
+  StageFigures* stage = find_stage(name);
+  if (stage == nullptr) {
+    stages_.push_back(StageFigures{.name = name});
+    stage = &stages_.back();
+  }
+  if (stage->depth++ > 0) return;  // re-entered: the outer call times it
+  synchronize();
+  read_memory_now();
+  stage->began = std::chrono::steady_clock::now();
+}
+
+void GenerationMeter::end_stage(const std::string& name) {
+  StageFigures* stage = find_stage(name);
+  DDO_CHECK(stage != nullptr && stage->depth > 0, Code::kFailedPrecondition, "end_stage('", name,
+            "') without a begin_stage('", name, "') open");
+  if (--stage->depth > 0) return;
+  synchronize();
+  stage->seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stage->began).count();
+  ++stage->calls;
+  read_memory_now();
+}
+
+GenerationMeter::Stage::Stage(GenerationMeter* meter, std::string name)
+    : meter_(meter), name_(std::move(name)) {
+  meter_->begin_stage(name_);
+}
+
+GenerationMeter::Stage::Stage(Stage&& other) noexcept
+    : meter_(std::exchange(other.meter_, nullptr)), name_(std::move(other.name_)) {}
+
+GenerationMeter::Stage::~Stage() {
+  if (meter_ == nullptr) return;
+  try {
+    meter_->end_stage(name_);
+  } catch (...) {  // a destructor does not throw; the stage stays unended and finish() ends it
+  }
+}
+
+GenerationMeter::Stage GenerationMeter::stage(const std::string& name) {
+  return Stage(this, name);
+}
+
+nlohmann::json GenerationMeter::finish() {
+  if (finished_) return report_;
+  for (StageFigures& s : stages_) {
+    while (s.depth > 0) end_stage(s.name);
+  }
+  synchronize();
+  read_memory_now();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  stop_.store(true);
+  if (sampler_.joinable()) sampler_.join();
+  finished_ = true;
+
+  nlohmann::json stages = nlohmann::json::array();
+  double staged = 0;
+  for (const StageFigures& s : stages_) {
+    stages.push_back({{"name", s.name}, {"seconds", s.seconds}, {"calls", s.calls}});
+    staged += s.seconds;
+  }
+  Offload::Counters total;
+  nlohmann::json components = nlohmann::json::object();
+  for (std::size_t i = 0; i < offloads_.size(); ++i) {
+    const auto& [name, offload] = offloads_[i];
+    if (offload == nullptr) continue;
+    const Offload::Counters now = offload->counters();
+    const Offload::Counters& then = counters_at_start_[i];
+    // reset_stats() between the two readings would make a difference negative: count from 0.
+    const auto delta = [](std::int64_t a, std::int64_t b) { return a >= b ? a - b : a; };
+    const Offload::Counters d{delta(now.bytes_streamed, then.bytes_streamed),
+                              delta(now.disk_bytes_read, then.disk_bytes_read),
+                              delta(now.file_bytes_read, then.file_bytes_read)};
+    components[name] = {{"bytes_streamed", d.bytes_streamed},
+                        {"disk_bytes_read", d.disk_bytes_read},
+                        {"file_bytes_read", d.file_bytes_read}};
+    total.bytes_streamed += d.bytes_streamed;
+    total.disk_bytes_read += d.disk_bytes_read;
+    total.file_bytes_read += d.file_bytes_read;
+  }
+  const core::os::ProcessMemory memory = core::os::process_memory();
+  const std::int64_t peak_vram = probe_ ? peak_vram_bytes_.load() : -1;
+  report_ = {
+      {"seconds", seconds},
+      {"stages", std::move(stages)},
+      // Outside every stage: the pipeline's own work (schedulers, latents, image output).
+      {"unstaged_seconds", std::max(0.0, seconds - staged)},
+      {"bytes_streamed", total.bytes_streamed},
+      {"disk_bytes_read", total.disk_bytes_read},
+      {"file_bytes_read", total.file_bytes_read},
+      {"components", std::move(components)},
+      {"device", device_name_.empty() ? nlohmann::json(nullptr) : nlohmann::json(device_name_)},
+      // The driver's view (every allocation on the card) and the allocator's reserved
+      // bytes, read at stage boundaries and every few milliseconds in between.
+      {"peak_vram_bytes", peak_vram},
+      {"peak_vram_gb", to_gib(peak_vram)},
+      // Resident memory sampled the same way; the process's own high-water mark (since it
+      // began, or since the peak was last reset) beside it.
+      {"start_rss_gb", to_gib(start_rss_bytes_)},
+      {"peak_rss_bytes", peak_rss_bytes_.load()},
+      {"peak_rss_gb", to_gib(peak_rss_bytes_.load())},
+      {"process_peak_rss_gb", to_gib(memory.peak_resident_bytes)},
+      {"samples", samples_.load()}};
+  return report_;
+}
+
+}  // namespace ddo::adapter
