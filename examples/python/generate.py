@@ -157,6 +157,10 @@ class Stages:
         self.cuda = args.device == "cuda"
         self.device = torch.device("cuda" if self.cuda else "cpu")
         self.report: dict[str, Any] = {"stages": {}}
+        # ddo's per-generation report over the stages (ddo/torch/generation.h): seconds per
+        # stage, bytes each component streamed and read, peak VRAM and RSS.
+        self.meter = ddo.GenerationMeter()
+        self._loaded: list[tuple[str, Any]] = []
 
     def load(self, sub: str, cls: Any, **ddo_options: Any) -> tuple[Any, Any]:
         path = os.path.join(self.folder, sub)
@@ -166,6 +170,9 @@ class Stages:
         loaded = ddo.from_pretrained_with_dynamic_offload(
             path, model_loader=cls, apply_dynamic=True, dtype=self.args.dtype,
             execution_device="sim" if self.args.device == "sim" else None, **ddo_options)
+        if loaded.offload is not None:
+            self.meter.add(sub, loaded.offload)
+            self._loaded.append((sub, loaded.offload))
         return loaded.module.eval(), loaded.offload
 
     @contextlib.contextmanager
@@ -176,18 +183,20 @@ class Stages:
         offloads: list[Any] = []
         start = time.perf_counter()
         print(f"[{name}] ...", file=sys.stderr, flush=True)
+        self.meter.begin_stage(name)
         yield offloads
+        self.meter.end_stage(name)
         if self.cuda:
             torch.cuda.synchronize()
         entry["seconds"] = time.perf_counter() - start
-        for offload in offloads:
-            if offload is None:
-                continue
+        for sub, offload in self._loaded:
             r = offload.report()
             entry["read_bytes"] += r["setup"].get("load", {}).get("bytes", 0)
             entry["disk_bytes_read"] += r.get("run", {}).get("disk_bytes_read", 0)
             entry["streamed_bytes"] += r.get("run", {}).get("bytes_streamed", 0)
+            self.meter.drop(sub)
             offload.remove()
+        self._loaded.clear()
         offloads.clear()
         gc.collect()
         if self.cuda:
@@ -394,6 +403,7 @@ def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, An
             latents = denoise(st, family, embeds)
             images = decode(st, family, latents)
         st.report["seconds"] = time.perf_counter() - start
+        st.report["generation"] = st.meter.finish()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -410,7 +420,8 @@ def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, An
     if args.report:
         with open(args.report, "w") as f:
             json.dump(st.report, f, indent=1, default=str)
-    print(json.dumps({k: v for k, v in st.report.items() if k != "stages"}, default=str))
+    print(json.dumps({k: v for k, v in st.report.items() if k not in ("stages", "generation")},
+                     default=str))
     return images, st.report
 
 

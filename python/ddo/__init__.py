@@ -61,6 +61,7 @@ from .config import (
     resolve_preset,
 )
 from .diffusers import PipelineOffloadResult, enable_pipeline_offload
+from .generation import GenerationMeter
 from .legacy import (
     DYNAMIC_OFFLOAD_PROFILE_SCHEMA_VERSION,
     DynamicOffloadProfileSession,
@@ -110,6 +111,7 @@ __all__ = [
     "DynamicOffloadConfig",
     "DynamicOffloadProfileSession",
     "DynamicOffloadSettings",
+    "GenerationMeter",
     "LoadedModel",
     "NotFoundError",
     "OffloadResult",

@@ -29,6 +29,7 @@ from torch import nn
 from . import _C
 from .api import OffloadResult, ProfileRunContext, RecordEvent, _check_public_args, _enable
 from .config import DynamicOffloadConfig, DynamicOffloadSettings
+from .generation import GenerationMeter
 
 __all__ = [
     "GenerationContext", "PipelineOffloadResult", "enable_pipeline_offload", "pipeline_components",
@@ -177,18 +178,14 @@ class GenerationContext:
 
     def __init__(self, offloads: PipelineOffloadResult) -> None:
         self._offloads = offloads
-        self._meter: Optional["_C.GenerationMeter"] = None
+        self._meter: Optional[GenerationMeter] = None
         self._hooks: list[Any] = []
         self.report: dict[str, Any] = {}
 
     def __enter__(self) -> "GenerationContext":
         if self._meter is not None:
             raise RuntimeError("this generation() context is already open")
-        natives = [
-            (name, offload._native if offload is not None else None)
-            for name, offload in self._offloads.components.items()
-        ]
-        self._meter = _C.GenerationMeter(natives)
+        self._meter = GenerationMeter(self._offloads.components)
         self.report.clear()
         meter = self._meter
         for name, module in self._offloads.modules.items():

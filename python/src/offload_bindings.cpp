@@ -296,6 +296,15 @@ void bind_offload(py::module_& m) {
            py::arg("offloads"), py::keep_alive<1, 2>(),
            "Starts metering a generation over [(component name, Offload or None)].")
       .def(
+          "add_offload",
+          [](adapter::GenerationMeter& g, const std::string& name, adapter::Offload* offload) {
+            g.add_offload(name, offload);
+          },
+          py::arg("name"), py::arg("offload"), py::keep_alive<1, 3>(),
+          "Meters this Offload too, as component `name` (a staged flow's next stage).")
+      .def("drop_offload", &adapter::GenerationMeter::drop_offload, py::arg("name"),
+           "Keeps what component `name` streamed so far and stops reading it (before remove()).")
+      .def(
           "begin_stage",
           [](adapter::GenerationMeter& g, const std::string& name) {
             py::gil_scoped_release release;

@@ -47,6 +47,14 @@ def test_a_tiny_generation_streams_every_stage_and_equals_the_resident_run(tmp_p
         assert entry["streamed_bytes"] > 0, (stage, entry)
         assert entry["seconds"] > 0 and entry["peak_rss_gb"] > 0
     assert report["profile"]["status"] == "saved", report["profile"]
+    # ddo's generation report (GenerationMeter) agrees with the stages' own figures.
+    g = report["generation"]
+    assert [s["name"] for s in g["stages"]] == ["encode", "denoise", "decode"]
+    assert g["bytes_streamed"] == sum(e["streamed_bytes"] for e in report["stages"].values())
+    assert g["components"]["transformer"]["bytes_streamed"] == (
+        report["stages"]["denoise"]["streamed_bytes"])
+    assert g["device"] == "sim:0" and g["peak_vram_bytes"] > 0 and g["peak_rss_bytes"] > 0
+    assert g["file_bytes_read"] >= sum(e["read_bytes"] for e in report["stages"].values())
     assert json.load(open(tmp_path / "report.json"))["stages"].keys() == report["stages"].keys()
     written = Image.open(out)
     assert written.size == (images.shape[2], images.shape[1])
@@ -63,6 +71,8 @@ def test_a_host_ram_cap_reads_the_denoiser_from_disk_with_the_same_image(tmp_pat
     reference, _ = gen.generate(common + ["--no-ddo"])
     images, report = gen.generate(common + ["--stream-all", "--host-ram-cap", "0.0003"])
     assert report["stages"]["denoise"]["disk_bytes_read"] > 0, report["stages"]
+    assert report["generation"]["components"]["transformer"]["disk_bytes_read"] == (
+        report["stages"]["denoise"]["disk_bytes_read"])
     assert np.abs(images.astype(int) - reference.astype(int)).max() <= 1
 
 

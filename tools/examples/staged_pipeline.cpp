@@ -1,6 +1,7 @@
 // The staged flow (docs/design/0007-named-profiles.md, section 1) in C++: encode and release the
 // encoder, attach offload to the denoiser, wrap only the denoising loop in profile_run(), release
-// the denoiser, decode.
+// the denoiser, decode. A GenerationMeter reports the generation: seconds per stage, bytes
+// streamed, peak VRAM and RSS.
 //
 //   staged_pipeline --calibrate      # first run: measures and saves profile "staged-demo"
 //   staged_pipeline                  # later runs: the saved recommendation is applied at setup
@@ -21,6 +22,7 @@
 
 #include "ddo/engine/device.h"
 #include "ddo/torch/enable_offload.h"
+#include "ddo/torch/generation.h"
 #include "ddo/torch/testing/flux_dit.h"
 
 int main(int argc, char** argv) {
@@ -34,10 +36,12 @@ int main(int argc, char** argv) {
     using ddo::adapter::testing::FluxDiT;
     using ddo::adapter::testing::FluxDiTOptions;
     FluxDiTOptions opts = FluxDiTOptions::preset("tiny");
+    ddo::adapter::GenerationMeter meter({});  // the generation starts here
 
     // 1. Encode the prompt, then release the encoder before the denoiser is attached.
     at::Tensor text;
     {
+      auto stage = meter.stage("encode");
       torch::nn::Sequential encoder(torch::nn::Linear(opts.text_dim, opts.text_dim),
                                     torch::nn::GELU(),
                                     torch::nn::Linear(opts.text_dim, opts.text_dim));
@@ -54,11 +58,13 @@ int main(int argc, char** argv) {
     o.build_profile = calibrate;
     if (!cuda) o.overrides = {{"sim_device_capacity_gb", 0.25}, {"profile_vram_headroom_gb", 0.01}};
     std::unique_ptr<ddo::adapter::Offload> offload = ddo::adapter::enable_offload(denoiser, o);
+    meter.add_offload("transformer", offload.get());
 
     // 3. Only the denoising loop is measured; the host chooses the steps.
     at::Tensor latents = at::randn({1, opts.img_tokens, opts.in_channels}).to(tensors_on);
     nlohmann::json profile_report;
     {
+      auto stage = meter.stage("denoise");
       ddo::adapter::ProfileRun run = offload->profile_run();
       const int steps = 4;
       for (int i = 0; i < steps; ++i) {
@@ -70,13 +76,19 @@ int main(int argc, char** argv) {
     std::printf("profile: %s\n", profile_report.dump().c_str());
 
     // 4. Release the denoiser (restores it, frees its device memory), then decode.
+    meter.drop_offload("transformer");  // keeps what it streamed
     offload.reset();
     denoiser.reset();
-    torch::nn::Linear decoder(opts.in_channels, 3);
-    decoder->to(tensors_on);
-    at::Tensor image = decoder->forward(latents);
+    at::Tensor image;
+    {
+      auto stage = meter.stage("decode");
+      torch::nn::Linear decoder(opts.in_channels, 3);
+      decoder->to(tensors_on);
+      image = decoder->forward(latents);
+    }
     std::printf("decoded %lld x %lld values, mean %.4f\n", static_cast<long long>(image.size(1)),
                 static_cast<long long>(image.size(2)), image.mean().item<double>());
+    std::printf("generation: %s\n", meter.finish().dump().c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "staged_pipeline: %s\n", e.what());

@@ -26,6 +26,11 @@ void raise_to(std::atomic<std::int64_t>& peak, std::int64_t value) {
   }
 }
 
+Offload::Counters plus(const Offload::Counters& a, const Offload::Counters& b) {
+  return {a.bytes_streamed + b.bytes_streamed, a.disk_bytes_read + b.disk_bytes_read,
+          a.file_bytes_read + b.file_bytes_read};
+}
+
 std::vector<std::pair<std::string, const Offload*>> offloads_of(PipelineOffload& pipeline) {
   std::vector<std::pair<std::string, const Offload*>> out;
   for (const std::string& name : pipeline.component_names()) {
@@ -36,22 +41,14 @@ std::vector<std::pair<std::string, const Offload*>> offloads_of(PipelineOffload&
 
 }  // namespace
 
-GenerationMeter::GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads)
-    : offloads_(std::move(offloads)) {
-  for (const auto& [name, offload] : offloads_) {
-    counters_at_start_.push_back(offload != nullptr ? offload->counters() : Offload::Counters{});
-    if (!device_ && offload != nullptr && offload->device()) device_ = offload->device();
-  }
-  if (device_) {
-    const engine::DeviceCaps caps = device_->caps();
-    const bool sim = caps.kind == engine::DeviceKind::kSim;
-    device_name_ =
-        core::DeviceName{sim ? core::DeviceType::kSim : core::DeviceType::kCuda, caps.index}.str();
-    if (sim) {
-      probe_ = make_sim_memory_probe(*device_);
-    } else {
-      throw_if_error(make_cuda_memory_probe(caps.index, &probe_));
-    }
+GenerationMeter::GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads) {
+  for (const auto& [name, offload] : offloads) {
+    metered_.push_back(
+        Metered{.name = name,
+                .offload = offload,
+                .placed = offload != nullptr,
+                .at_start = offload != nullptr ? offload->counters() : Offload::Counters{}});
+    open_probe(offload);
   }
   synchronize();
   start_rss_bytes_ = core::os::process_memory().resident_bytes;
@@ -66,6 +63,74 @@ GenerationMeter::GenerationMeter(PipelineOffload& pipeline)
 GenerationMeter::~GenerationMeter() {
   stop_.store(true);
   if (sampler_.joinable()) sampler_.join();
+}
+
+// The device of the first metered offload that executes gives the VRAM readings. The sampling
+// thread reads probe_ only after it is set: the constructor sets it before starting the thread,
+// add_offload() stops the thread around the change.
+void GenerationMeter::open_probe(const Offload* offload) {
+  if (device_ || offload == nullptr || !offload->device()) return;
+  const bool sampling = sampler_.joinable();
+  if (sampling) {
+    stop_.store(true);
+    sampler_.join();
+    stop_.store(false);
+  }
+  device_ = offload->device();
+  const engine::DeviceCaps caps = device_->caps();
+  const bool sim = caps.kind == engine::DeviceKind::kSim;
+  device_name_ =
+      core::DeviceName{sim ? core::DeviceType::kSim : core::DeviceType::kCuda, caps.index}.str();
+  if (sim) {
+    probe_ = make_sim_memory_probe(*device_);
+  } else {
+    throw_if_error(make_cuda_memory_probe(caps.index, &probe_));
+  }
+  if (sampling) sampler_ = std::thread([this] { sample_loop(); });
+}
+
+Offload::Counters GenerationMeter::gained_since(const Offload::Counters& now,
+                                                const Offload::Counters& then) {
+  // reset_stats() between the two readings would make a difference negative: count from 0.
+  const auto delta = [](std::int64_t a, std::int64_t b) { return a >= b ? a - b : a; };
+  return {delta(now.bytes_streamed, then.bytes_streamed),
+          delta(now.disk_bytes_read, then.disk_bytes_read),
+          delta(now.file_bytes_read, then.file_bytes_read)};
+}
+
+void GenerationMeter::add_offload(const std::string& name, const Offload* offload) {
+  DDO_CHECK(!finished_, Code::kFailedPrecondition, "add_offload('", name,
+            "') after finish(): a meter measures one generation; make a new one");
+  Offload::Counters now = offload != nullptr ? offload->counters() : Offload::Counters{};
+  // An offload added during the generation was loaded for it: its load's reads count too.
+  now.file_bytes_read = 0;
+  for (Metered& m : metered_) {
+    if (m.name != name) continue;
+    // A component released and attached again (dropped first) adds to its one entry.
+    DDO_CHECK(m.offload == nullptr, Code::kInvalidArgument, "add_offload('", name,
+              "'): the meter still reads an offload of that component; drop_offload('", name,
+              "') before its next offload is added");
+    m.offload = offload;
+    m.placed = m.placed || offload != nullptr;
+    m.at_start = now;
+    open_probe(offload);
+    return;
+  }
+  metered_.push_back(
+      Metered{.name = name, .offload = offload, .placed = offload != nullptr, .at_start = now});
+  open_probe(offload);
+}
+
+void GenerationMeter::drop_offload(const std::string& name) {
+  for (Metered& m : metered_) {
+    if (m.name != name || m.offload == nullptr) continue;
+    m.gained = plus(m.gained, gained_since(m.offload->counters(), m.at_start));
+    m.offload = nullptr;
+    return;
+  }
+  throw Error(Code::kNotFound,
+              ddo::internal::str_cat("drop_offload('", name,
+                                     "'): the meter reads no offload of that name"));
 }
 
 void GenerationMeter::synchronize() {
@@ -163,22 +228,18 @@ nlohmann::json GenerationMeter::finish() {
   }
   Offload::Counters total;
   nlohmann::json components = nlohmann::json::object();
-  for (std::size_t i = 0; i < offloads_.size(); ++i) {
-    const auto& [name, offload] = offloads_[i];
-    if (offload == nullptr) continue;
-    const Offload::Counters now = offload->counters();
-    const Offload::Counters& then = counters_at_start_[i];
-    // reset_stats() between the two readings would make a difference negative: count from 0.
-    const auto delta = [](std::int64_t a, std::int64_t b) { return a >= b ? a - b : a; };
-    const Offload::Counters d{delta(now.bytes_streamed, then.bytes_streamed),
-                              delta(now.disk_bytes_read, then.disk_bytes_read),
-                              delta(now.file_bytes_read, then.file_bytes_read)};
-    components[name] = {{"bytes_streamed", d.bytes_streamed},
-                        {"disk_bytes_read", d.disk_bytes_read},
-                        {"file_bytes_read", d.file_bytes_read}};
-    total.bytes_streamed += d.bytes_streamed;
-    total.disk_bytes_read += d.disk_bytes_read;
-    total.file_bytes_read += d.file_bytes_read;
+  for (Metered& m : metered_) {
+    if (!m.placed) continue;  // a component ddo does not place streams and reads nothing
+    if (m.offload != nullptr) {
+      m.gained = plus(m.gained, gained_since(m.offload->counters(), m.at_start));
+      m.offload = nullptr;
+    }
+    components[m.name] = {{"bytes_streamed", m.gained.bytes_streamed},
+                          {"disk_bytes_read", m.gained.disk_bytes_read},
+                          {"file_bytes_read", m.gained.file_bytes_read}};
+    total.bytes_streamed += m.gained.bytes_streamed;
+    total.disk_bytes_read += m.gained.disk_bytes_read;
+    total.file_bytes_read += m.gained.file_bytes_read;
   }
   const core::os::ProcessMemory memory = core::os::process_memory();
   const std::int64_t peak_vram = probe_ ? peak_vram_bytes_.load() : -1;

@@ -171,7 +171,13 @@ Offload::Counters Offload::counters() const {
     c.bytes_streamed = st.bytes_copied;
     c.disk_bytes_read = st.disk_bytes_read;
   }
-  if (s.weights) c.file_bytes_read = s.weights->read_stats().bytes;
+  // The load's bytes; with the disk tier the files stay open and their meter counts the load
+  // and every read since.
+  c.file_bytes_read = s.setup.load_bytes;
+  if (s.weights) {
+    c.file_bytes_read =
+        std::max(c.file_bytes_read, static_cast<std::int64_t>(s.weights->read_stats().bytes));
+  }
   return c;
 }
 

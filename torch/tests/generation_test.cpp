@@ -112,6 +112,50 @@ TEST(GenerationMeter, StagesBytesAndMemoryOfOneGeneration) {
   EXPECT_THROW(meter.begin_stage("vae"), ddo::Error);
 }
 
+// The staged flow: each stage's offload is attached when the stage begins and removed after it;
+// the meter keeps what each streamed.
+TEST(GenerationMeter, AStagedFlowKeepsWhatEachReleasedStageStreamed) {
+  torch::manual_seed(4);
+  Pipeline p;
+  TempDir dir;
+  torch::NoGradGuard ng;
+  GenerationMeter meter({});
+  std::int64_t encoder_streamed = 0;
+  {
+    auto encoder = enable_offload(*p.encoder, test::sim_options(dir));
+    meter.add_offload("text_encoder", encoder.get());
+    {
+      auto stage = meter.stage("text_encoder");
+      p.encoder->forward(p.ids);
+    }
+    encoder_streamed = encoder->counters().bytes_streamed;
+    meter.drop_offload("text_encoder");
+    encoder->remove();
+  }
+  auto dit = enable_offload(*p.dit, test::sim_options(dir));
+  meter.add_offload("transformer", dit.get());
+  {
+    auto stage = meter.stage("transformer");
+    p.dit->forward(p.in.img, p.in.txt, p.in.timestep);
+  }
+  try {
+    meter.add_offload("transformer", dit.get());
+    FAIL() << "a second offload of a component still read";
+  } catch (const ddo::Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("drop_offload('transformer')"), std::string::npos);
+  }
+  EXPECT_THROW(meter.drop_offload("vae"), ddo::Error);
+  const nlohmann::json r = meter.finish();
+  EXPECT_GT(encoder_streamed, 0);
+  EXPECT_EQ(r["components"]["text_encoder"]["bytes_streamed"], encoder_streamed);
+  EXPECT_EQ(r["components"]["transformer"]["bytes_streamed"], dit->counters().bytes_streamed);
+  EXPECT_EQ(r["bytes_streamed"].get<std::int64_t>(),
+            encoder_streamed + dit->counters().bytes_streamed);
+  EXPECT_EQ(r["device"], "sim:0");  // from the first offload added
+  EXPECT_GT(r["peak_vram_bytes"].get<std::int64_t>(), 0);
+}
+
 TEST(GenerationMeter, MisuseIsAClearErrorAndOpenStagesEndAtFinish) {
   GenerationMeter meter({{"transformer", nullptr}});  // nothing placed: seconds and RSS only
   try {

@@ -52,7 +52,8 @@ class MemoryProbe;
 class GenerationMeter {
  public:
   /// Meters `offloads` (by component name; null for a component ddo does not place) on the
-  /// device of the first one that executes; with none, only seconds and RSS are measured.
+  /// device of the first one that executes; with none (and none added later), only seconds and
+  /// RSS are measured.
   /// The offloads must outlive the meter. Starts the generation: its seconds, the sampling.
   explicit GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads);
   /// Meters every component of `pipeline`.
@@ -60,6 +61,16 @@ class GenerationMeter {
   ~GenerationMeter();  ///< stops the sampling thread
   GenerationMeter(const GenerationMeter&) = delete;
   GenerationMeter& operator=(const GenerationMeter&) = delete;
+
+  /// Meters `offload` too from now on, as component `name` (a staged flow attaches each stage's
+  /// offload when the stage begins). Its device serves for VRAM when the meter has none yet; its
+  /// file reads count from its load (it was loaded for this generation), the rest from now. A
+  /// name dropped before counts on in the same entry (a component released and attached again);
+  /// throws for a name whose offload is still read.
+  void add_offload(const std::string& name, const Offload* offload);
+  /// Stops reading `offload` of component `name`, keeping what it streamed and read so far:
+  /// call it before removing an offload the meter reads (Offload::remove() ends its counters).
+  void drop_offload(const std::string& name);
 
   /// Begins a stage (synchronizes the device first). Stages may nest; a stage begun again
   /// before it ended (a component calling itself) counts once, as one call.
@@ -101,8 +112,18 @@ class GenerationMeter {
   void sample_loop();
   StageFigures* find_stage(const std::string& name);
 
-  std::vector<std::pair<std::string, const Offload*>> offloads_;
-  std::vector<Offload::Counters> counters_at_start_;
+  struct Metered {
+    std::string name;
+    const Offload* offload = nullptr;  // null once dropped, or for a component ddo does not place
+    bool placed = false;               // an offload was given for it
+    Offload::Counters at_start{};
+    Offload::Counters gained{};  // what it streamed and read until dropped
+  };
+  void open_probe(const Offload* offload);
+  static Offload::Counters gained_since(const Offload::Counters& now,
+                                        const Offload::Counters& then);
+
+  std::vector<Metered> metered_;
   std::shared_ptr<engine::Device> device_;
   std::string device_name_;
   std::unique_ptr<MemoryProbe> probe_;
