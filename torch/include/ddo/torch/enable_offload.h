@@ -146,7 +146,7 @@ class Offload {
     std::int64_t disk_bytes_read = 0;  ///< disk-tier reads during steps
     std::int64_t file_bytes_read = 0;  ///< every read from the checkpoint (load and disk tier)
   };
-  Counters counters() const;
+  Counters counters() const;  ///< the totals so far (zeros in plan mode)
   /// Clears the per-run figures (bytes streamed, copy and wait time, peaks).
   void reset_run_stats();
   /// Diagnostics: mark_step() records a reference point on the compute stream (e.g. before a

@@ -81,9 +81,9 @@ class GenerationMeter {
   /// Ends its stage when it goes out of scope (also when the stage throws).
   class Stage {
    public:
-    Stage(GenerationMeter* meter, std::string name);
+    Stage(GenerationMeter* meter, std::string name);  ///< begins stage `name` of `meter`
     ~Stage();
-    Stage(Stage&& other) noexcept;
+    Stage(Stage&& other) noexcept;  ///< takes the stage over; `other` ends nothing
     Stage(const Stage&) = delete;
     Stage& operator=(const Stage&) = delete;
     Stage& operator=(Stage&&) = delete;
