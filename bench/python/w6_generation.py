@@ -2,10 +2,14 @@
 """W6 (docs/benchmarks.md): whole generations, a cold process per row, from the pipeline folder
 on disk to the written output, with examples/python/generate.py.
 
-Rows: ddo at each --caps value (GiB; host RAM capped by --host-ram-cap), and all resident without
-ddo (--no-ddo, the reference the outputs are compared with). Each row's report (seconds per stage,
-bytes read and streamed, peak VRAM and RSS) goes into --out with the command, the card, the
-versions and the commit. diffusers' own offload routes are not rows yet.
+Rows: all resident without ddo (the reference the outputs are compared with); then, at each --caps
+value (GiB), ddo (host RAM capped by --host-ram-cap) and each of --others: diffusers' group
+offload at leaf level with streams, its model offload, its sequential offload, and
+diffusers-dynamic-offloader from PyPI (generate.py --offload; capped through the allocator's
+per-process fraction; their host RAM is not capped, their peak RSS is reported beside it). Each
+row's report (seconds per stage, bytes read and streamed, peak VRAM and RSS; ddo's
+GenerationMeter report for ddo rows) goes into --out with the command, the card, the versions
+and the commit.
 
     python bench/python/w6_generation.py --family flux --folder /disk/flux-full --size full \\
         --caps 8,16 --host-ram-cap 32 --out bench/results/w6-flux.json --commit $(git rev-parse HEAD)
@@ -62,6 +66,9 @@ def main():
     p.add_argument("--caps", default="8,16", help="GiB, comma separated")
     p.add_argument("--host-ram-cap", type=float)
     p.add_argument("--generate-args", default="", help="more generate.py flags for every row")
+    p.add_argument("--others", default="diffusers-group-leaf,diffusers-model,"
+                   "diffusers-sequential,diffusers-dynamic-offloader",
+                   help="generate.py --offload routes run at each cap beside ddo (cuda only)")
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default="")
     args = p.parse_args()
@@ -72,6 +79,11 @@ def main():
         if args.host_ram_cap:
             extra += ["--host-ram-cap", str(args.host_ram_cap)]
         rows.append(run_row(args, extra, f"ddo cap {cap} GiB"))
+        if args.device != "cuda":
+            continue  # the others need a GPU
+        for route in [r for r in args.others.split(",") if r]:
+            rows.append(run_row(args, ["--vram-cap", cap, "--offload", route],
+                                f"{route} cap {cap} GiB"))
     reference = rows[0].get("pixels")
     for row in rows:
         pixels = row.pop("pixels", None)

@@ -20,7 +20,8 @@ the next one is loaded, so the card and the host hold one stage at a time:
 
 --random DIR writes DIR once (``--size tiny`` for a CPU, ``full`` for FLUX.1-dev / Wan 2.1-14B
 shapes) and reuses it afterwards. --no-ddo runs the same stages all resident on the device, the
-reference the outputs are compared with. --report FILE writes the generation's report (seconds,
+reference the outputs are compared with; --offload runs them under diffusers' offload routes or
+diffusers-dynamic-offloader instead (benchmark W6's other rows; GPU only). --report FILE writes the generation's report (seconds,
 bytes read from disk and streamed, peak VRAM and RSS per stage) as JSON.
 """
 
@@ -146,6 +147,36 @@ def family_of(folder: str) -> str:
 
 # --- stages ----------------------------------------------------------------------------------
 
+OFFLOAD_ROUTES = ("ddo", "resident", "diffusers-group-leaf", "diffusers-model",
+                  "diffusers-sequential", "diffusers-dynamic-offloader")
+
+
+def load_other(route: str, cls: Any, path: str, dtype: torch.dtype, device: torch.device) -> Any:
+    """A component loaded and placed by someone other than ddo (benchmark W6's other rows)."""
+    if route == "diffusers-dynamic-offloader":
+        import diffusers_dynamic_offloader as ddol
+
+        loaded = ddol.from_pretrained_with_dynamic_offload(
+            path, model_loader=cls, apply_dynamic=True, torch_dtype=dtype)
+        return loaded.module
+    module = cls.from_pretrained(path, torch_dtype=dtype).eval()
+    if route in ("resident", "diffusers-model"):
+        # Model offload moves each whole component to the card for its stage; the staged flow
+        # releases it after, as enable_model_cpu_offload does between components.
+        return module.to(device)
+    if route == "diffusers-group-leaf":
+        module.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
+                                    offload_type="leaf_level", use_stream=True,
+                                    record_stream=True)
+        return module
+    if route == "diffusers-sequential":
+        import accelerate
+
+        accelerate.cpu_offload(module, execution_device=device)
+        return module
+    raise ValueError(f"unknown offload route {route!r}")
+
+
 
 class Stages:
     """Loads one component at a time (ddo's loader, or all resident with --no-ddo) and keeps the
@@ -164,9 +195,8 @@ class Stages:
 
     def load(self, sub: str, cls: Any, **ddo_options: Any) -> tuple[Any, Any]:
         path = os.path.join(self.folder, sub)
-        if self.args.no_ddo:
-            module = cls.from_pretrained(path, torch_dtype=self.args.dtype).to(self.device).eval()
-            return module, None
+        if self.args.offload != "ddo":
+            return load_other(self.args.offload, cls, path, self.args.dtype, self.device), None
         loaded = ddo.from_pretrained_with_dynamic_offload(
             path, model_loader=cls, apply_dynamic=True, dtype=self.args.dtype,
             execution_device="sim" if self.args.device == "sim" else None, **ddo_options)
@@ -368,12 +398,23 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="stream every weight (tiny models: the presets keep small ones resident)")
     p.add_argument("--vae-tiling", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--no-ddo", action="store_true", help="all resident, the reference")
+    p.add_argument("--offload", choices=OFFLOAD_ROUTES, default="ddo",
+                   help="who offloads (benchmark W6 compares them): ddo; resident (= --no-ddo); "
+                        "diffusers' group offload at leaf level with streams, its model offload "
+                        "(whole components moved per stage), its sequential offload (accelerate); "
+                        "or diffusers-dynamic-offloader from PyPI. --vram-cap caps the others "
+                        "through torch.cuda.set_per_process_memory_fraction")
     p.add_argument("--dtype", default=None, help="bfloat16 (cuda) or float32 (sim)")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--output", help="a .png, a .webp (frames) or a folder (PNGs)")
     p.add_argument("--report", help="write the generation's report (JSON) here")
     args = p.parse_args(argv)
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    if args.no_ddo:
+        args.offload = "resident"
+    args.no_ddo = args.offload != "ddo"  # every stage-level ddo option is off for the others
+    if args.offload not in ("ddo", "resident") and args.device != "cuda":
+        p.error(f"--offload {args.offload} runs on a GPU only (--device cuda)")
     return args
 
 
@@ -393,6 +434,10 @@ def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, An
     if args.stream_all:
         env.update(DDO_SMALL_TENSOR_THRESHOLD_KB=0, DDO_AUTO_BUDGET_POLICY="off",
                    DDO_RESIDENT_MODULE_BUDGET_GB=0, DDO_ALWAYS_RESIDENT_MODULE_PATTERNS="")
+    if args.offload not in ("ddo", "resident") and args.vram_cap:
+        # ddo emulates the card through vram_cap_gb; the others get the allocator's cap.
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.vram_cap * 2**30 / total))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items() if v is not None})
     try:
@@ -411,6 +456,7 @@ def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, An
             else:
                 os.environ[k] = v
     st.report.update(family=family, folder=folder, device=args.device, ddo=not args.no_ddo,
+                     offload=args.offload,
                      height=args.height, width=args.width, steps=args.steps,
                      frames=len(images), vram_cap_gb=args.vram_cap,
                      host_ram_cap_gb=args.host_ram_cap, quantize=args.quantize)
