@@ -90,3 +90,13 @@ def test_video_profiles_are_calibrated_and_reused_under_their_own_names(tmp_path
         profile = reused["profile"]
         assert profile["status"] == "applied" and profile["name"] == name, profile
         assert 0 < profile["run_peak_vram_gb"] <= 0.01, profile
+
+
+def test_the_other_offload_routes_say_they_need_a_gpu(tmp_path, capsys):
+    gen = generate_module()
+    with pytest.raises(SystemExit):
+        gen.parse(["--random", str(tmp_path / "f"), "--device", "sim",
+                   "--offload", "diffusers-group-leaf"])
+    assert "runs on a GPU only (--device cuda)" in capsys.readouterr().err
+    args = gen.parse(["--random", str(tmp_path / "f"), "--device", "sim", "--no-ddo"])
+    assert args.offload == "resident" and args.no_ddo
