@@ -45,7 +45,8 @@ du -sh "$DEPS" | sed 's/^/gpu-prepare-deps: .deps is /'
 # Python wheels for the W1-py and W2 benchmarks (bench/python/w1_py.py, w2_py.py): the GPU image
 # has torch 2.11, transformers, huggingface_hub, psutil and accelerate 1.15 but not diffusers,
 # nor importlib_metadata, nor sdnq (W2's quantizer, GPL-3.0: benchmarks and tests only; it needs
-# torch, diffusers, transformers and accelerate, all there then). Pure-Python or manylinux wheels
+# torch, diffusers, transformers and accelerate, all there then), nor diffusers-dynamic-offloader
+# (W6's row beside ddo; pure Python). Pure-Python or manylinux wheels
 # for CPython 3.12; gpu.sh (and gpu-w2.sh) install them into /tmp/ddo-site there. Pinned to the
 # versions of python/requirements-test.txt and the project venv's sdnq.
 WHL="$ROOT/.whl"
@@ -54,7 +55,7 @@ cd "$ROOT"  # the working folder so far was .deps/debs, removed above
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$WHL" diffusers==0.42.1 importlib_metadata==10.2.0 lazy-importer==0.1.0 accelerate==1.15.0 \
-  psutil==7.2.2 pyyaml==6.0.4 sdnq==0.2.8
+  psutil==7.2.2 pyyaml==6.0.4 sdnq==0.2.8 diffusers-dynamic-offloader==0.1.0rc2
 # The build backend of `pip install .` (scikit-build-core and what it imports), for the check that
 # the package installs and runs there without gpu.sh's build (gpu.sh pipcheck).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -13,7 +13,10 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh cards      # build, device code per library, SDNQ tests under PTX JIT
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testw4     # build, GPU tests, W4 (quantized compute, $OUT/w4.json)
-#     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan)
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan,
+#       DDO_W6_CAPS 8,16, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
+#       diffusers-group-leaf; DDO_W6_NO_RESIDENT=1 skips the reference row; rows are saved as
+#       they finish, so a call cut short by its time limit keeps them)
 #
 # Steps (a mode runs a subset): build (C++ and, where Python headers exist, the ddo package),
 # test (ctest, then pytest on the build tree), micro (copy_engine, op_overhead x DDO_OP_REPEATS),
@@ -289,6 +292,7 @@ w6() {
     --device "$dev" --folder "${DDO_W6_DIR:-/tmp/ddo-w6-$family-$size}" \
     --caps "${DDO_W6_CAPS:-8,16}" --host-ram-cap "${DDO_W6_HOST_RAM_GB:-32}" \
     ${DDO_W6_ARGS:+--generate-args "$DDO_W6_ARGS"} \
+    --others "${DDO_W6_OTHERS-diffusers-group-leaf}" ${DDO_W6_NO_RESIDENT:+--no-resident} \
     --out "$OUT/w6-$family.json" --commit "$DDO_COMMIT" >>"$LOG" 2>&1
   local rc=$?
   say "w6 rc=$rc"

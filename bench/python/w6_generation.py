@@ -69,31 +69,12 @@ def main():
     p.add_argument("--others", default="diffusers-group-leaf,diffusers-model,"
                    "diffusers-sequential,diffusers-dynamic-offloader",
                    help="generate.py --offload routes run at each cap beside ddo (cuda only)")
+    p.add_argument("--no-resident", action="store_true",
+                   help="skip the all-resident row (run it in another call; pixels are then not "
+                        "compared)")
     p.add_argument("--out", required=True)
     p.add_argument("--commit", default="")
     args = p.parse_args()
-
-    rows = [run_row(args, ["--no-ddo"], "resident")]
-    for cap in [c for c in args.caps.split(",") if c]:
-        extra = ["--vram-cap", cap]
-        if args.host_ram_cap:
-            extra += ["--host-ram-cap", str(args.host_ram_cap)]
-        rows.append(run_row(args, extra, f"ddo cap {cap} GiB"))
-        if args.device != "cuda":
-            continue  # the others need a GPU
-        for route in [r for r in args.others.split(",") if r]:
-            rows.append(run_row(args, ["--vram-cap", cap, "--offload", route],
-                                f"{route} cap {cap} GiB"))
-    reference = rows[0].get("pixels")
-    for row in rows:
-        pixels = row.pop("pixels", None)
-        if pixels is not None and reference is not None and pixels.shape == reference.shape:
-            row["max_pixel_difference"] = int(np.abs(pixels - reference).max())
-        if "report" in row:
-            print(f"{row['row']}: {row['wall_seconds']:.1f} s "
-                  f"(generation {row['report']['seconds']:.1f} s)", file=sys.stderr)
-        else:
-            print(f"{row['row']}: failed\n{row['error']}", file=sys.stderr)
 
     import torch
     import diffusers
@@ -103,10 +84,39 @@ def main():
         "card": torch.cuda.get_device_name() if args.device == "cuda" else "sim",
         "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
                      "python": platform.python_version()},
-        "family": args.family, "size": args.size, "rows": rows,
+        "family": args.family, "size": args.size, "rows": [],
     }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    reference = None
+
+    def add(extra, name):
+        # Written after every row: a run cut short by its time limit keeps the rows it finished.
+        nonlocal reference
+        row = run_row(args, extra, name)
+        pixels = row.pop("pixels", None)
+        if name == "resident":
+            reference = pixels
+        if pixels is not None and reference is not None and pixels.shape == reference.shape:
+            row["max_pixel_difference"] = int(np.abs(pixels - reference).max())
+        if "report" in row:
+            print(f"{row['row']}: {row['wall_seconds']:.1f} s "
+                  f"(generation {row['report']['seconds']:.1f} s)", file=sys.stderr)
+        else:
+            print(f"{row['row']}: failed\n{row['error']}", file=sys.stderr)
+        result["rows"].append(row)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
+    if not args.no_resident:
+        add(["--no-ddo"], "resident")
+    for cap in [c for c in args.caps.split(",") if c]:
+        extra = ["--vram-cap", cap]
+        if args.host_ram_cap:
+            extra += ["--host-ram-cap", str(args.host_ram_cap)]
+        add(extra, f"ddo cap {cap} GiB")
+        if args.device != "cuda":
+            continue  # the others need a GPU
+        for route in [r for r in args.others.split(",") if r]:
+            add(["--vram-cap", cap, "--offload", route], f"{route} cap {cap} GiB")
     print(args.out)
 
 
