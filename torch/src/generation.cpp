@@ -41,7 +41,8 @@ std::vector<std::pair<std::string, const Offload*>> offloads_of(PipelineOffload&
 
 }  // namespace
 
-GenerationMeter::GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads) {
+GenerationMeter::GenerationMeter(
+    const std::vector<std::pair<std::string, const Offload*>>& offloads) {
   for (const auto& [name, offload] : offloads) {
     metered_.push_back(
         Metered{.name = name,

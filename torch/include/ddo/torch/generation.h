@@ -55,7 +55,7 @@ class GenerationMeter {
   /// device of the first one that executes; with none (and none added later), only seconds and
   /// RSS are measured.
   /// The offloads must outlive the meter. Starts the generation: its seconds, the sampling.
-  explicit GenerationMeter(std::vector<std::pair<std::string, const Offload*>> offloads);
+  explicit GenerationMeter(const std::vector<std::pair<std::string, const Offload*>>& offloads);
   /// Meters every component of `pipeline`.
   explicit GenerationMeter(PipelineOffload& pipeline);
   ~GenerationMeter();  ///< stops the sampling thread
