@@ -243,38 +243,42 @@ EnvMap process_env() {
   return env;
 }
 
-Status kernel_mode_from_env(const EnvMap& env, KernelMode* out) {
-  *out = KernelMode::kAuto;
-  const auto it = env.find("DDO_KERNELS");
+namespace {
+
+// A DDO_ variable that chooses between "auto" (also: unset or empty) and one other mode; case and
+// surrounding blanks are ignored. A third value is an error quoting it, followed by `help`.
+template <typename Mode>
+Status two_mode_from_env(const EnvMap& env, const char* name, std::string_view other,
+                         Mode other_mode, std::string_view help, Mode* out) {
+  const auto it = env.find(name);
   if (it == env.end()) return Status::ok_status();
   const std::string v = lower(trim(it->second));
   if (v.empty() || v == "auto") return Status::ok_status();
-  if (v == "reference") {
-    *out = KernelMode::kReference;
+  if (v == other) {
+    *out = other_mode;
     return Status::ok_status();
   }
   return Status(Code::kInvalidArgument,
-                internal::str_cat("DDO_KERNELS=\"", text::printable(it->second),
-                                  "\" is not a kernel mode; set it to auto (ddo's CUDA kernels "
-                                  "where the library has code for the GPU) or reference (the "
-                                  "ATen reference paths), or unset it"));
+                internal::str_cat(name, "=\"", text::printable(it->second), "\" ", help));
+}
+
+}  // namespace
+
+Status kernel_mode_from_env(const EnvMap& env, KernelMode* out) {
+  *out = KernelMode::kAuto;
+  return two_mode_from_env(env, "DDO_KERNELS", "reference", KernelMode::kReference,
+                           "is not a kernel mode; set it to auto (ddo's CUDA kernels where the "
+                           "library has code for the GPU) or reference (the ATen reference "
+                           "paths), or unset it",
+                           out);
 }
 
 Status quantized_matmul_mode_from_env(const EnvMap& env, QuantizedMatmulMode* out) {
   *out = QuantizedMatmulMode::kAuto;
-  const auto it = env.find("DDO_QUANTIZED_MATMUL");
-  if (it == env.end()) return Status::ok_status();
-  const std::string v = lower(trim(it->second));
-  if (v.empty() || v == "auto") return Status::ok_status();
-  if (v == "off") {
-    *out = QuantizedMatmulMode::kOff;
-    return Status::ok_status();
-  }
-  return Status(Code::kInvalidArgument,
-                internal::str_cat("DDO_QUANTIZED_MATMUL=\"", text::printable(it->second),
-                                  "\" is not a mode; set it to auto (quantized GEMMs where the "
-                                  "card has them) or off (every quantized layer dequantizes), or "
-                                  "unset it"));
+  return two_mode_from_env(env, "DDO_QUANTIZED_MATMUL", "off", QuantizedMatmulMode::kOff,
+                           "is not a mode; set it to auto (quantized GEMMs where the card has "
+                           "them) or off (every quantized layer dequantizes), or unset it",
+                           out);
 }
 
 bool parse_env_bool(std::string_view text) {
