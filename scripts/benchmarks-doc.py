@@ -86,6 +86,36 @@ def load_rows(doc: dict) -> str:
     return head + "\n".join(lines) + "\n" + foot
 
 
+def w6_rows(doc: dict) -> str:
+    """W6 (bench/python/w6_generation.py): whole generations, a cold process per row."""
+    head = ("| row | generation s | encode s | denoise s | decode s | streamed GB | "
+            "read from disk GB | peak VRAM GiB | peak RSS GiB | max pixel diff |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    lines = []
+    for r in doc.get("rows", []):
+        report = r.get("report")
+        if report is None:
+            lines.append(f"| {r.get('row', '-')} | failed | - | - | - | - | - | - | - | - |")
+            continue
+        stages = report.get("stages", {})
+        gen = report.get("generation", {})
+        vram = gen.get("peak_vram_gb")
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r.get("row", "-"), bench_tables.fmt(report.get("seconds"), ".1f"),
+            *(bench_tables.fmt(stages.get(n, {}).get("seconds"), ".1f")
+              for n in ("encode", "denoise", "decode")),
+            bench_tables.fmt(gen.get("bytes_streamed", 0) / 1e9, ".1f"),
+            bench_tables.fmt(gen.get("disk_bytes_read", 0) / 1e9, ".1f"),
+            bench_tables.fmt(vram if vram is not None and vram >= 0 else None, ".2f"),
+            bench_tables.fmt(gen.get("peak_rss_gb"), ".2f"),
+            bench_tables.fmt(r.get("max_pixel_difference"), "d")))
+    versions = doc.get("versions", {})
+    foot = (f"\nGPU: {doc.get('card', '?')}; torch {versions.get('torch', '?')}, diffusers "
+            f"{versions.get('diffusers', '?')}; commit {doc.get('commit', '?')}; command "
+            f"`{doc.get('command', '?')}`\n")
+    return head + "\n".join(lines) + "\n" + foot
+
+
 def run_line(folder: Path) -> str:
     return f"Run of {folder.name[:10]}: `bench/results/{folder.name}/`."
 
@@ -119,6 +149,19 @@ def render() -> str:
         folder, docs = found
         out += [run_line(folder), ""]
         out += [load_rows(d).rstrip() + "\n" for d in docs]
+    found = documents("w6*.json", ("W6",))
+    out += ["## W6: whole generations, from the pipeline folder to the written output", "",
+            "A cold process per row (`examples/python/generate.py`): the text encoders, the "
+            "denoising steps and the VAE decode, each component read from the folder and "
+            "released after its stage. Rows: all resident (the reference the pixels are compared "
+            "with); ddo under each cap; diffusers' offload routes and diffusers-dynamic-offloader "
+            "under the same caps. Streamed, disk and VRAM figures are ddo's GenerationMeter's.", ""]
+    if found is None:
+        out += ["No run in `bench/results/` yet.", ""]
+    else:
+        folder, docs = found
+        out += [run_line(folder), ""]
+        out += [w6_rows(d).rstrip() + "\n" for d in docs]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -190,7 +190,7 @@ class Stages:
         self.report: dict[str, Any] = {"stages": {}}
         # ddo's per-generation report over the stages (ddo/torch/generation.h): seconds per
         # stage, bytes each component streamed and read, peak VRAM and RSS.
-        self.meter = ddo.GenerationMeter()
+        self.meter = ddo.GenerationMeter(cuda_device="cuda:0" if self.cuda else None)
         self._loaded: list[tuple[str, Any]] = []
 
     def load(self, sub: str, cls: Any, **ddo_options: Any) -> tuple[Any, Any]:

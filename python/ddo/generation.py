@@ -31,12 +31,15 @@ __all__ = ["GenerationMeter"]
 class GenerationMeter:
     """Meters one generation; starts when made. See the module docstring."""
 
-    def __init__(self, offloads: Optional[Mapping[str, Optional[OffloadResult]]] = None) -> None:
+    def __init__(self, offloads: Optional[Mapping[str, Optional[OffloadResult]]] = None,
+                 cuda_device: Optional[str] = None) -> None:
+        """``cuda_device`` ("cuda:N"): measure VRAM there even when ddo places no component (a
+        run without ddo, compared with one under it); default: the metered offloads' device."""
         natives = [
             (name, offload._native if offload is not None else None)
             for name, offload in (offloads or {}).items()
         ]
-        self._meter = _C.GenerationMeter(natives)
+        self._meter = _C.GenerationMeter(natives, cuda_device or "")
 
     def add(self, name: str, offload: Optional[OffloadResult]) -> None:
         """Meters ``offload`` too, as component ``name`` (a staged flow's next stage)."""

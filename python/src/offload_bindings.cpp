@@ -283,7 +283,7 @@ void bind_offload(py::module_& m) {
   // One generation's report (ddo/torch/generation.h); ddo/diffusers.py times each component's
   // forward as a stage.
   py::class_<adapter::GenerationMeter>(m, "GenerationMeter")
-      .def(py::init([](const py::list& offloads) {
+      .def(py::init([](const py::list& offloads, const std::string& cuda_device) {
              std::vector<std::pair<std::string, const adapter::Offload*>> items;
              for (const py::handle& item : offloads) {
                const auto pair = item.cast<py::tuple>();
@@ -291,10 +291,11 @@ void bind_offload(py::module_& m) {
                items.emplace_back(pair[0].cast<std::string>(),
                                   offload.is_none() ? nullptr : offload.cast<adapter::Offload*>());
              }
-             return std::make_unique<adapter::GenerationMeter>(std::move(items));
+             return std::make_unique<adapter::GenerationMeter>(items, cuda_device);
            }),
-           py::arg("offloads"), py::keep_alive<1, 2>(),
-           "Starts metering a generation over [(component name, Offload or None)].")
+           py::arg("offloads"), py::arg("cuda_device") = "", py::keep_alive<1, 2>(),
+           "Starts metering a generation over [(component name, Offload or None)]; "
+           "cuda_device ('cuda:N') measures VRAM there when ddo places no component.")
       .def(
           "add_offload",
           [](adapter::GenerationMeter& g, const std::string& name, adapter::Offload* offload) {

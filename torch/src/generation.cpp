@@ -42,7 +42,18 @@ std::vector<std::pair<std::string, const Offload*>> offloads_of(PipelineOffload&
 }  // namespace
 
 GenerationMeter::GenerationMeter(
-    const std::vector<std::pair<std::string, const Offload*>>& offloads) {
+    const std::vector<std::pair<std::string, const Offload*>>& offloads,
+    const std::string& cuda_device) {
+  if (!cuda_device.empty()) {
+    core::DeviceName name;
+    throw_if_error(core::parse_device_name("GenerationMeter's cuda_device", cuda_device, &name));
+    DDO_CHECK(name.type == core::DeviceType::kCuda, Code::kInvalidArgument,
+              "GenerationMeter's cuda_device is '", cuda_device,
+              "'; name a GPU (cuda or cuda:N), or leave it empty to measure on the device of the "
+              "metered offloads");
+    device_name_ = name.str();
+    throw_if_error(make_cuda_memory_probe(name.index, &probe_));
+  }
   for (const auto& [name, offload] : offloads) {
     metered_.push_back(
         Metered{.name = name,
@@ -70,7 +81,7 @@ GenerationMeter::~GenerationMeter() {
 // thread reads probe_ only after it is set: the constructor sets it before starting the thread,
 // add_offload() stops the thread around the change.
 void GenerationMeter::open_probe(const Offload* offload) {
-  if (device_ || offload == nullptr || !offload->device()) return;
+  if (probe_ || offload == nullptr || !offload->device()) return;
   const bool sampling = sampler_.joinable();
   if (sampling) {
     stop_.store(true);

@@ -11,6 +11,7 @@
 #include <ATen/ops/randn.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ddo/engine/device.h"
 #include "ddo/torch/interception.h"
 #include "ddo/torch/testing/flux_dit.h"
 #include "test_util.h"
@@ -164,6 +165,16 @@ TEST(GenerationMeter, MisuseIsAClearErrorAndOpenStagesEndAtFinish) {
   } catch (const ddo::Error& e) {
     EXPECT_EQ(e.code(), Code::kFailedPrecondition);
     EXPECT_NE(std::string(e.what()).find("begin_stage('vae')"), std::string::npos) << e.what();
+  }
+  try {
+    GenerationMeter on_sim({}, "sim:0");
+    FAIL() << "cuda_device names a simulated device";
+  } catch (const ddo::Error& e) {
+    EXPECT_EQ(e.code(), Code::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("name a GPU"), std::string::npos) << e.what();
+  }
+  if (!engine::cuda_available()) {
+    EXPECT_THROW(GenerationMeter({}, "cuda:0"), ddo::Error);  // no GPU: unavailable, said so
   }
   meter.begin_stage("decode");
   const nlohmann::json r = meter.finish();

@@ -52,10 +52,12 @@ class MemoryProbe;
 class GenerationMeter {
  public:
   /// Meters `offloads` (by component name; null for a component ddo does not place) on the
-  /// device of the first one that executes; with none (and none added later), only seconds and
-  /// RSS are measured.
-  /// The offloads must outlive the meter. Starts the generation: its seconds, the sampling.
-  explicit GenerationMeter(const std::vector<std::pair<std::string, const Offload*>>& offloads);
+  /// device of the first one that executes, or on `cuda_device` ("cuda:N") when given: a run
+  /// whose components ddo does not place (a comparison without ddo) gets the same VRAM readings.
+  /// With neither, only seconds and RSS are measured. The offloads must outlive the meter.
+  /// Starts the generation: its seconds, the sampling.
+  explicit GenerationMeter(const std::vector<std::pair<std::string, const Offload*>>& offloads,
+                           const std::string& cuda_device = "");
   /// Meters every component of `pipeline`.
   explicit GenerationMeter(PipelineOffload& pipeline);
   ~GenerationMeter();  ///< stops the sampling thread
