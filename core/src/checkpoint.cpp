@@ -506,8 +506,9 @@ Status parse_tensor(const std::string& name, const json& entry, std::uint64_t da
   }
 
   const json& dtype = entry["dtype"];
-  if (!dtype.is_string())
+  if (!dtype.is_string()) {
     return bad(fmt::format("has a {} for dtype, expected a string", dtype.type_name()));
+  }
   const std::optional<TensorDtype> parsed = parse_tensor_dtype(dtype.get_ref<const std::string&>());
   if (!parsed) {
     // Not necessarily corrupt (safetensors knows U16, F8_E8M0, ...): say what ddo reads instead.

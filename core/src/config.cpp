@@ -386,13 +386,13 @@ bool read_count(std::string_view pattern, std::size_t& i, std::size_t* value) {
 // Why `pattern` would compile to too many states or holds too large a number; "" when it is fine.
 // Malformed syntax is left to std::regex, which reports it.
 std::string repetition_problem(std::string_view pattern) {
-  const std::string nested =
+  std::string nested =
       "repeats a group that already repeats without bound (such as (a*)* or (a+){2}), which "
       "backtracks exponentially";
-  const std::string too_long =
+  std::string too_long =
       internal::str_cat("holds a repetition count or back-reference with more than ",
                         kMaxPatternCountDigits, " digits");
-  const std::string stacked =
+  std::string stacked =
       "repeats a repetition directly (such as a** or a+{2}), which backtracks exponentially; "
       "JavaScript refuses it as well";
   StateCounter counter;

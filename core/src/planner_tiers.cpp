@@ -132,6 +132,7 @@ TierChoice choose_disk_units(const std::vector<StreamUnit>& units,
   };
   // The fewest units that could cover the excess: the largest ones.
   std::vector<std::int64_t> sizes;
+  sizes.reserve(eligible.size());
   for (std::size_t u : eligible) sizes.push_back(units[u].bytes);
   std::sort(sizes.begin(), sizes.end(), std::greater<>());
   std::size_t k = 0;

@@ -592,10 +592,12 @@ void make_host_slabs(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
   if (!rt->slabs) {
     std::vector<engine::SlabTensor> slab_tensors;
     // A disk-tier or adopted unit takes no slab bytes (its entry is empty; HostSlabs skips it).
-    for (const UnitLayout& u : units)
+    slab_tensors.reserve(units.size());
+    for (const UnitLayout& u : units) {
       slab_tensors.push_back(
           u.disk || u.adopted ? engine::SlabTensor{0, false}
                               : engine::SlabTensor{u.bytes, u.pinned && s.settings.pin_effective});
+    }
     engine::HostSlabOptions slab_options;
     slab_options.allow_pin_fallback = config.allow_pin_memory_fallback;
     // Fill ordinary memory, then register it: several times faster than cudaHostAlloc, and the
@@ -874,8 +876,9 @@ void finish_attach(OffloadState& s) {
       r.handle.unsafeGetTensorImpl()->set_version_counter(
           target.unsafeGetTensorImpl()->version_counter());
     }
-    if (r.handle.requires_grad() && managed_of(target) != nullptr)
+    if (r.handle.requires_grad() && managed_of(target) != nullptr) {
       r.handle.set_requires_grad(false);
+    }
   }
 }
 
