@@ -267,6 +267,119 @@ Benefit benefit_of(const RunSummary& now, const std::optional<RunSummary>& calib
   return b;
 }
 
+// The demo's offload options: the regular settings loader (--preset, else DDO_PRESET, else
+// auto), the profile, and on the simulation the demo card (Note [Demo card]); *card says what it
+// runs on.
+adapter::OffloadOptions demo_options(const DemoArgs& args, const std::string& device, bool sim,
+                                     double model_bytes, const core::EnvMap& env,
+                                     std::string* card) {
+  adapter::OffloadOptions o;
+  // The regular settings loader: --preset when given, else DDO_PRESET, else auto.
+  core::SettingsRequest request;
+  if (!args.preset.empty()) request.preset = args.preset;
+  o.settings = core::DynamicOffloadSettings::from_env(request, env);
+  o.env = env;
+  o.profile_name = args.profile;
+  o.build_profile = args.calibrate;
+  o.execution_device = device;
+  o.model_class = kDemoModelClass;
+  // The demo prints the profile's outcome itself (show_profile would add a second, terser line).
+  nlohmann::json overrides = {{"show_profile", false}};
+  *card = device;
+  if (sim) {
+    // Note [Demo card].
+    const double card_gb = std::max(gib(model_bytes) * kDemoCardFraction, 0.0625);
+    const double link_gbps =
+        o.settings->config.sim_copy_gbps > 0
+            ? o.settings->config.sim_copy_gbps
+            : std::max(model_bytes / 1e9 / kDemoStreamSeconds, kMinSimCopyGbps);
+    overrides["sim_device_capacity_gb"] = card_gb;
+    overrides["profile_vram_headroom_gb"] = card_gb * kDemoHeadroomFraction;
+    overrides["auto_vram_headroom_gb"] = card_gb * kDemoHeadroomFraction;
+    overrides["sim_copy_gbps"] = link_gbps;
+    *card = fmt::format(
+        "the host simulation of a {} card ({:.0f}% of the model) with a {:.2f} GB/s "
+        "link",
+        size_text(card_gb), 100 * kDemoCardFraction, link_gbps);
+  }
+  o.overrides = overrides;
+  return o;
+}
+
+// The outcome for a person: what calibration bought (reuse) or saved (calibration), the run.
+void print_outcome(const DemoArgs& args, const adapter::testing::FluxDiTOptions& opts,
+                   double model_bytes, const std::string& card, const nlohmann::json& profile,
+                   const RunSummary& summary, const std::optional<Benefit>& benefit,
+                   const std::string& profiles_dir) {
+  const std::string status = profile.value("status", "");
+  const auto num = [&](const char* key) {
+    return profile.contains(key) && profile[key].is_number() ? profile[key].get<double>() : 0.0;
+  };
+  // The outcome first: what calibration bought (reuse) or what it saved (calibration).
+  if (benefit) std::printf("%s\n", benefit->text().c_str());
+  std::printf("model:   a FLUX-style DiT (%s: %.1f M parameters, %s) on %s\n", args.size.c_str(),
+              static_cast<double>(adapter::testing::FluxDiTImpl::parameter_count(opts)) / 1e6,
+              size_text(gib(model_bytes)).c_str(), card.c_str());
+  if (status == "saved") {
+    std::printf("profile: saved; %s may stay resident (card %s - measured peak %s - headroom %s)\n",
+                size_text(num("resident_budget_gb")).c_str(),
+                size_text(num("total_vram_gb")).c_str(), size_text(num("peak_vram_gb")).c_str(),
+                size_text(num("headroom_gb")).c_str());
+  } else if (status == "applied") {
+    std::printf("profile: applied; %s may stay resident (budget from the %s)\n",
+                size_text(num("resident_budget_gb")).c_str(),
+                profile.value("budget_source", "profile").c_str());
+  } else {
+    std::printf("profile: %s\n", status.c_str());
+  }
+  if (profile.contains("notes")) {
+    for (const auto& n : profile["notes"]) {
+      std::printf("  note: %s\n", n.get<std::string>().c_str());
+    }
+  }
+  std::printf("steps:   %d; fastest %.2f s; %d of %d blocks resident; %s streamed per step\n",
+              args.steps, summary.step_seconds, summary.resident_blocks, summary.blocks,
+              size_text(summary.streamed_gib_per_step).c_str());
+  if (status == "saved") std::printf("next:    run again without --calibrate to reuse it\n");
+  std::printf("profiles are kept in %s (the demo's own folder; DDO_PROFILE_DIR overrides)\n",
+              profiles_dir.c_str());
+}
+
+// --verbose: what the planner decided and how the run went, in detail.
+void print_details(const adapter::Offload& offload, const nlohmann::json& report,
+                   const std::vector<std::pair<std::string, double>>& events,
+                   const std::vector<double>& step_seconds, int steps_run) {
+  std::printf("\npreset: %s (requested: %s)\n", offload.settings().effective_preset.c_str(),
+              offload.settings().requested_preset.c_str());
+  std::printf("%s\n", offload.plan().summary().c_str());
+  std::printf("setup:");
+  for (const auto& [name, seconds] : events) std::printf(" %s %.3f s", name.c_str(), seconds);
+  std::printf("\nsteps:");
+  for (double t : step_seconds) std::printf(" %.3f", t);
+  std::printf(" s\n");
+  const nlohmann::json& run = report["run"];
+  if (run.contains("bytes_streamed")) {
+    const double steps = std::max<double>(1, steps_run);
+    std::printf(
+        "streamed %s per step, copies %.1f ms, compute waited %.1f ms, %.2f GB/s, %lld "
+        "prefetch hits, %lld on demand\n",
+        size_text(gib(run["bytes_streamed"].get<double>()) / steps).c_str(),
+        run["copy_ms"].get<double>(), run["compute_wait_ms"].get<double>(),
+        run["achieved_gbps"].get<double>(),
+        static_cast<long long>(run["prefetch_hits"].get<std::int64_t>()),
+        static_cast<long long>(run["on_demand"].get<std::int64_t>()));
+  }
+  if (run.contains("peak_vram_gb")) {
+    std::printf("peak device memory %s of %s\n",
+                size_text(run["peak_vram_gb"].get<double>()).c_str(),
+                size_text(gib(run["total_vram_bytes"].get<double>())).c_str());
+  }
+  std::printf("kept resident: %zu modules (whole blocks and small layers), %s; pinned %s\n",
+              report["resident_modules"].size(),
+              size_text(gib(report["resident_bytes"].get<double>())).c_str(),
+              size_text(gib(report["pinned_bytes"].get<double>())).c_str());
+}
+
 int run_demo(const DemoArgs& args) {
   using adapter::testing::FluxDiT;
   using adapter::testing::FluxDiTOptions;
@@ -287,36 +400,8 @@ int run_demo(const DemoArgs& args) {
   const c10::Device input_device = sim ? c10::Device(c10::kCPU) : c10::Device(device);
   adapter::testing::FluxDiTInputs in = adapter::testing::make_inputs(opts, input_device);
 
-  adapter::OffloadOptions o;
-  // The regular settings loader: --preset when given, else DDO_PRESET, else auto.
-  core::SettingsRequest request;
-  if (!args.preset.empty()) request.preset = args.preset;
-  o.settings = core::DynamicOffloadSettings::from_env(request, env);
-  o.env = env;
-  o.profile_name = args.profile;
-  o.build_profile = args.calibrate;
-  o.execution_device = device;
-  o.model_class = kDemoModelClass;
-  // The demo prints the profile's outcome itself (show_profile would add a second, terser line).
-  nlohmann::json overrides = {{"show_profile", false}};
-  std::string card = device;
-  if (sim) {
-    // Note [Demo card].
-    const double card_gb = std::max(gib(model_bytes) * kDemoCardFraction, 0.0625);
-    const double link_gbps =
-        o.settings->config.sim_copy_gbps > 0
-            ? o.settings->config.sim_copy_gbps
-            : std::max(model_bytes / 1e9 / kDemoStreamSeconds, kMinSimCopyGbps);
-    overrides["sim_device_capacity_gb"] = card_gb;
-    overrides["profile_vram_headroom_gb"] = card_gb * kDemoHeadroomFraction;
-    overrides["auto_vram_headroom_gb"] = card_gb * kDemoHeadroomFraction;
-    overrides["sim_copy_gbps"] = link_gbps;
-    card = fmt::format(
-        "the host simulation of a {} card ({:.0f}% of the model) with a {:.2f} GB/s "
-        "link",
-        size_text(card_gb), 100 * kDemoCardFraction, link_gbps);
-  }
-  o.overrides = overrides;
+  std::string card;
+  adapter::OffloadOptions o = demo_options(args, device, sim, model_bytes, env, &card);
   if (!args.json) {
     std::printf(
         args.calibrate
@@ -361,69 +446,8 @@ int run_demo(const DemoArgs& args) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  const auto num = [&](const char* key) {
-    return profile.contains(key) && profile[key].is_number() ? profile[key].get<double>() : 0.0;
-  };
-  // The outcome first: what calibration bought (reuse) or what it saved (calibration).
-  if (benefit) std::printf("%s\n", benefit->text().c_str());
-  std::printf("model:   a FLUX-style DiT (%s: %.1f M parameters, %s) on %s\n", args.size.c_str(),
-              static_cast<double>(adapter::testing::FluxDiTImpl::parameter_count(opts)) / 1e6,
-              size_text(gib(model_bytes)).c_str(), card.c_str());
-  if (status == "saved") {
-    std::printf("profile: saved; %s may stay resident (card %s - measured peak %s - headroom %s)\n",
-                size_text(num("resident_budget_gb")).c_str(),
-                size_text(num("total_vram_gb")).c_str(), size_text(num("peak_vram_gb")).c_str(),
-                size_text(num("headroom_gb")).c_str());
-  } else if (status == "applied") {
-    std::printf("profile: applied; %s may stay resident (budget from the %s)\n",
-                size_text(num("resident_budget_gb")).c_str(),
-                profile.value("budget_source", "profile").c_str());
-  } else {
-    std::printf("profile: %s\n", status.c_str());
-  }
-  if (profile.contains("notes")) {
-    for (const auto& n : profile["notes"]) {
-      std::printf("  note: %s\n", n.get<std::string>().c_str());
-    }
-  }
-  std::printf("steps:   %d; fastest %.2f s; %d of %d blocks resident; %s streamed per step\n",
-              args.steps, summary.step_seconds, summary.resident_blocks, summary.blocks,
-              size_text(summary.streamed_gib_per_step).c_str());
-  if (status == "saved") std::printf("next:    run again without --calibrate to reuse it\n");
-  std::printf("profiles are kept in %s (the demo's own folder; DDO_PROFILE_DIR overrides)\n",
-              profiles_dir.c_str());
-  if (!args.verbose) return 0;
-
-  // --verbose: what the planner decided and how the run went, in detail.
-  std::printf("\npreset: %s (requested: %s)\n", offload->settings().effective_preset.c_str(),
-              offload->settings().requested_preset.c_str());
-  std::printf("%s\n", offload->plan().summary().c_str());
-  std::printf("setup:");
-  for (const auto& [name, seconds] : events) std::printf(" %s %.3f s", name.c_str(), seconds);
-  std::printf("\nsteps:");
-  for (double t : step_seconds) std::printf(" %.3f", t);
-  std::printf(" s\n");
-  const nlohmann::json& run = report["run"];
-  if (run.contains("bytes_streamed")) {
-    const double steps = std::max<double>(1, args.steps);
-    std::printf(
-        "streamed %s per step, copies %.1f ms, compute waited %.1f ms, %.2f GB/s, %lld "
-        "prefetch hits, %lld on demand\n",
-        size_text(gib(run["bytes_streamed"].get<double>()) / steps).c_str(),
-        run["copy_ms"].get<double>(), run["compute_wait_ms"].get<double>(),
-        run["achieved_gbps"].get<double>(),
-        static_cast<long long>(run["prefetch_hits"].get<std::int64_t>()),
-        static_cast<long long>(run["on_demand"].get<std::int64_t>()));
-  }
-  if (run.contains("peak_vram_gb")) {
-    std::printf("peak device memory %s of %s\n",
-                size_text(run["peak_vram_gb"].get<double>()).c_str(),
-                size_text(gib(run["total_vram_bytes"].get<double>())).c_str());
-  }
-  std::printf("kept resident: %zu modules (whole blocks and small layers), %s; pinned %s\n",
-              report["resident_modules"].size(),
-              size_text(gib(report["resident_bytes"].get<double>())).c_str(),
-              size_text(gib(report["pinned_bytes"].get<double>())).c_str());
+  print_outcome(args, opts, model_bytes, card, profile, summary, benefit, profiles_dir);
+  if (args.verbose) print_details(*offload, report, events, step_seconds, args.steps);
   return 0;
 }
 
