@@ -301,6 +301,86 @@ class LoadedModel:
         return self.offload is None or self.offload.should_move_to_execution_device
 
 
+def _check_load_args(profile_name: Any, build_profile: Any, apply_dynamic: bool, loader: Any,
+                     read_workers: Any, dtype: Any, quantize: Any) -> Optional[str]:
+    """from_pretrained_with_dynamic_offload's arguments checked before any read; returns
+    ``quantize`` as the attach takes it (None for none)."""
+    if not isinstance(build_profile, bool):
+        raise TypeError(
+            f"build_profile must be True or False, not {build_profile!r} "
+            f"({type(build_profile).__name__})"
+        )
+    if profile_name is not None and not isinstance(profile_name, str):
+        raise TypeError(
+            f"profile_name must be a str such as 'my-workload' or None, not {profile_name!r} "
+            f"({type(profile_name).__name__})"
+        )
+    if loader not in _LOADERS:
+        raise ValueError(f"loader must be one of {', '.join(_LOADERS)}, not {loader!r}")
+    if read_workers is not None and (
+        isinstance(read_workers, bool) or not isinstance(read_workers, int) or read_workers < 1
+    ):
+        raise ValueError(
+            f"read_workers must be an int >= 1 or None (one per core), not {read_workers!r}"
+        )
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, not {dtype!r}")
+    if quantize is not None and not isinstance(quantize, str):
+        raise TypeError(f'quantize must be "fp8", "int8" or None, not {quantize!r}')
+    # The package's type name ("" for "none"); a ValueError naming the choices before any read.
+    quantize = quantize if quantize and torch.ops.ddo.sdnq_quantize_type(quantize) else None
+    if not apply_dynamic and (profile_name or build_profile):
+        raise ValueError(
+            "profile_name/build_profile were given with apply_dynamic=False; pass them to the "
+            "later enable_offload call, at the actual execution stage"
+        )
+    return quantize
+
+
+def _empty_for_ddo_loader(loader: str, load_kwargs: dict, model_loader: Any,
+                          path: str) -> Optional[nn.Module]:
+    """The module ddo's loader fills (built from config.json without weights), or None when the
+    library's own from_pretrained loads it ("library", or "auto" with library keywords or no
+    safetensors files, or a class ddo cannot build)."""
+    module: Optional[nn.Module] = None
+    if loader != "library" and not (loader == "auto" and load_kwargs):
+        if loader == "ddo" and load_kwargs:
+            raise TypeError(
+                f"loader='ddo' takes no library keywords ({', '.join(sorted(load_kwargs))}); "
+                "use loader='library' for them"
+            )
+        if _has_safetensors(path):
+            module = _build_empty(model_loader, path)
+        elif loader == "ddo":
+            raise FileNotFoundError(
+                f"{path}: no .safetensors files; ddo's loader reads a component directory "
+                "(config.json and its safetensors files) or one .safetensors file"
+            )
+        if module is None and loader == "ddo":
+            raise TypeError(
+                f"loader='ddo' builds diffusers or transformers model classes from config.json; "
+                f"{getattr(model_loader, '__name__', model_loader)!r} is neither: pass "
+                "loader='library'"
+            )
+    return module
+
+
+def _with_progress(module: nn.Module, record_event: Optional[RecordEvent],
+                   read: Callable[[str, list, SetupProgress], Any]) -> Any:
+    """``read(model_class, entries, progress)`` with the one progress line of a long load."""
+    model_class = model_class_name(module)
+    entries, _, _ = _gather(module)
+    progress = SetupProgress(model_class, record_event)
+    progress.start()
+    try:
+        result = read(model_class, entries, progress)
+    except BaseException:
+        progress.close(failed=True)
+        raise
+    progress.close()
+    return result
+
+
 def from_pretrained_with_dynamic_offload(
     model_path: str | os.PathLike,
     *,
@@ -334,37 +414,9 @@ def from_pretrained_with_dynamic_offload(
     """
     if model_loader is None:
         model_loader = _default_model_loader()
-    if build_profile is None:
-        build_profile = False
-    if not isinstance(build_profile, bool):
-        raise TypeError(
-            f"build_profile must be True or False, not {build_profile!r} "
-            f"({type(build_profile).__name__})"
-        )
-    if profile_name is not None and not isinstance(profile_name, str):
-        raise TypeError(
-            f"profile_name must be a str such as 'my-workload' or None, not {profile_name!r} "
-            f"({type(profile_name).__name__})"
-        )
-    if loader not in _LOADERS:
-        raise ValueError(f"loader must be one of {', '.join(_LOADERS)}, not {loader!r}")
-    if read_workers is not None and (
-        isinstance(read_workers, bool) or not isinstance(read_workers, int) or read_workers < 1
-    ):
-        raise ValueError(
-            f"read_workers must be an int >= 1 or None (one per core), not {read_workers!r}"
-        )
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, not {dtype!r}")
-    if quantize is not None and not isinstance(quantize, str):
-        raise TypeError(f'quantize must be "fp8", "int8" or None, not {quantize!r}')
-    # The package's type name ("" for "none"); a ValueError naming the choices before any read.
-    quantize = quantize if quantize and torch.ops.ddo.sdnq_quantize_type(quantize) else None
-    if not apply_dynamic and (profile_name or build_profile):
-        raise ValueError(
-            "profile_name/build_profile were given with apply_dynamic=False; pass them to the "
-            "later enable_offload call, at the actual execution stage"
-        )
+    build_profile = False if build_profile is None else build_profile
+    quantize = _check_load_args(profile_name, build_profile, apply_dynamic, loader, read_workers,
+                                dtype, quantize)
     path = os.fspath(model_path)
     subfolder = load_kwargs.pop("subfolder", None)
     if subfolder:
@@ -386,26 +438,7 @@ def from_pretrained_with_dynamic_offload(
             quantize=quantize if load is None else None,
         )
 
-    module: Optional[nn.Module] = None
-    if loader != "library" and not (loader == "auto" and load_kwargs):
-        if loader == "ddo" and load_kwargs:
-            raise TypeError(
-                f"loader='ddo' takes no library keywords ({', '.join(sorted(load_kwargs))}); "
-                "use loader='library' for them"
-            )
-        if _has_safetensors(path):
-            module = _build_empty(model_loader, path)
-        elif loader == "ddo":
-            raise FileNotFoundError(
-                f"{path}: no .safetensors files; ddo's loader reads a component directory "
-                "(config.json and its safetensors files) or one .safetensors file"
-            )
-        if module is None and loader == "ddo":
-            raise TypeError(
-                f"loader='ddo' builds diffusers or transformers model classes from config.json; "
-                f"{getattr(model_loader, '__name__', model_loader)!r} is neither: pass "
-                "loader='library'"
-            )
+    module = _empty_for_ddo_loader(loader, load_kwargs, model_loader, path)
     if module is None:
         module = _load_with_library(path, model_loader, dtype, load_kwargs)
         return _quantized(module, quantize, attach if apply_dynamic else None)
@@ -427,37 +460,18 @@ def from_pretrained_with_dynamic_offload(
     }
     if quantize is not None:
         # The dense weights are read first; each Linear is then replaced by its packed layer.
-        progress = SetupProgress(model_class_name(module), record_event)
-        progress.start()
-        try:
-            _C.load_weights(model_class_name(module), _gather(module)[0], load,
-                            record_event=progress)
-        except BaseException:
-            progress.close(failed=True)
-            raise
-        progress.close()
+        _with_progress(module, record_event, lambda model_class, entries, progress: (
+            _C.load_weights(model_class, entries, load, record_event=progress)))
         return _quantized(module, quantize, attach if apply_dynamic else None)
     if apply_dynamic:
         return LoadedModel(module, attach(module, load))
     # Deferred: the weights go into pinned memory for the execution device these settings name,
     # and the later enable_offload streams them from there (Note [Loader pins]).
-    model_class = model_class_name(module)
-    entries, _, _ = _gather(module)
-    progress = SetupProgress(model_class, record_event)
-    progress.start()
-    try:
-        pins = _C.load_weights_for_offload(
-            model_class, entries, load,
-            record_event=progress,
-            **_native_settings(
-                preset if dynamic_offload_config is None else None, None,
-                dynamic_offload_config, execution_device,
-            ),
-        )
-    except BaseException:
-        progress.close(failed=True)
-        raise
-    progress.close()
+    settings = _native_settings(preset if dynamic_offload_config is None else None, None,
+                                dynamic_offload_config, execution_device)
+    pins = _with_progress(module, record_event, lambda model_class, entries, progress: (
+        _C.load_weights_for_offload(model_class, entries, load, record_event=progress,
+                                    **settings)))
     loaded = LoadedModel(module, None)
     loaded.load_report = pins
     return loaded
