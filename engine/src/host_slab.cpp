@@ -174,6 +174,69 @@ struct HostSlabs::Impl {
     slab.memory = SlabMemory::kPendingRegister;
     return {};
   }
+  // create(): the pinned slabs; the tensors of a slab that fails to pin are appended to
+  // *fallback (when the options allow it).
+  Status make_pinned_slabs(const std::vector<std::size_t>& want_pinned,
+                           const HostSlabOptions& options, bool by_register,
+                           std::vector<std::size_t>* offsets, std::vector<std::size_t>* fallback) {
+    for (Slab& slab : pack(tensors, want_pinned, options.max_slab_bytes, offsets)) {
+      Status status = pin(slab, by_register);
+      if (!status.ok()) {
+        if (!options.allow_pin_fallback) {
+          std::int64_t wanted = 0;
+          for (std::size_t i : want_pinned) wanted += static_cast<std::int64_t>(tensors[i].bytes);
+          return Status(
+              Code::kResourceExhausted,
+              internal::str_cat(
+                  "pinning a host slab of ", slab.bytes, " bytes failed after ", stats.pinned_bytes,
+                  " of ", wanted, " wanted bytes were pinned (", status.message(),
+                  "); set allow_pin_memory_fallback (DDO_ALLOW_PIN_MEMORY_FALLBACK=1) "
+                  "to place the rest in ordinary memory, or lower the pin budget "
+                  "(DDO_PIN_WEIGHT_BUDGET_GB)"));
+        }
+        for (std::size_t i : slab.tensors) {
+          fallback->push_back(i);
+          stats.pin_fallback_bytes += static_cast<std::int64_t>(tensors[i].bytes);
+        }
+        continue;
+      }
+      if (slab.memory != SlabMemory::kPendingRegister) {
+        for (std::size_t i : slab.tensors) {
+          stats.pinned_bytes += static_cast<std::int64_t>(tensors[i].bytes);
+        }
+        ++stats.pinned_slabs;
+      }
+      stats.slab_bytes += static_cast<std::int64_t>(slab.bytes);
+      slabs.push_back(std::move(slab));
+    }
+    return {};
+  }
+
+  // create(): the ordinary (pageable) slabs, in the caller's order so neighbours stay neighbours.
+  Status make_ordinary_slabs(const std::vector<std::size_t>& ordinary,
+                             const HostSlabOptions& options, std::vector<std::size_t>* offsets) {
+    for (Slab& slab : pack(tensors, ordinary, options.max_slab_bytes, offsets)) {
+      void* ptr = ordinary_alloc(slab.bytes, kTensorAlignment);
+      if (ptr == nullptr) {
+        return Status(Code::kResourceExhausted,
+                      internal::str_cat("host allocation of a ", slab.bytes,
+                                        "-byte slab failed "
+                                        "with ",
+                                        stats.slab_bytes,
+                                        " bytes already in slabs; "
+                                        "free host RAM or stream fewer weights"));
+      }
+      slab.base = static_cast<char*>(ptr);
+      slab.memory = SlabMemory::kOrdinary;
+      for (std::size_t i : slab.tensors) {
+        stats.pageable_bytes += static_cast<std::int64_t>(tensors[i].bytes);
+      }
+      stats.slab_bytes += static_cast<std::int64_t>(slab.bytes);
+      ++stats.pageable_slabs;
+      slabs.push_back(std::move(slab));
+    }
+    return {};
+  }
 };
 
 Status HostSlabs::create(Device& device, const std::vector<SlabTensor>& tensors,
@@ -203,60 +266,11 @@ Status HostSlabs::create(Device& device, const std::vector<SlabTensor>& tensors,
 
   // Pinned slabs first; the tensors of a slab that fails to pin join the ordinary list.
   std::vector<std::size_t> fallback;
-  for (Slab& slab : pack(tensors, want_pinned, options.max_slab_bytes, &offsets)) {
-    Status status = impl.pin(slab, by_register);
-    if (!status.ok()) {
-      if (!options.allow_pin_fallback) {
-        std::int64_t wanted = 0;
-        for (std::size_t i : want_pinned) wanted += static_cast<std::int64_t>(tensors[i].bytes);
-        return Status(
-            Code::kResourceExhausted,
-            internal::str_cat("pinning a host slab of ", slab.bytes, " bytes failed after ",
-                              impl.stats.pinned_bytes, " of ", wanted,
-                              " wanted bytes were pinned (", status.message(),
-                              "); set allow_pin_memory_fallback (DDO_ALLOW_PIN_MEMORY_FALLBACK=1) "
-                              "to place the rest in ordinary memory, or lower the pin budget "
-                              "(DDO_PIN_WEIGHT_BUDGET_GB)"));
-      }
-      for (std::size_t i : slab.tensors) {
-        fallback.push_back(i);
-        impl.stats.pin_fallback_bytes += static_cast<std::int64_t>(tensors[i].bytes);
-      }
-      continue;
-    }
-    if (slab.memory != SlabMemory::kPendingRegister) {
-      for (std::size_t i : slab.tensors) {
-        impl.stats.pinned_bytes += static_cast<std::int64_t>(tensors[i].bytes);
-      }
-      ++impl.stats.pinned_slabs;
-    }
-    impl.stats.slab_bytes += static_cast<std::int64_t>(slab.bytes);
-    impl.slabs.push_back(std::move(slab));
-  }
-
-  // Ordinary slabs, keeping the caller's order so neighbours stay neighbours.
+  DDO_RETURN_IF_ERROR(
+      impl.make_pinned_slabs(want_pinned, options, by_register, &offsets, &fallback));
   ordinary.insert(ordinary.end(), fallback.begin(), fallback.end());
   std::sort(ordinary.begin(), ordinary.end());
-  for (Slab& slab : pack(tensors, ordinary, options.max_slab_bytes, &offsets)) {
-    void* ptr = ordinary_alloc(slab.bytes, kTensorAlignment);
-    if (ptr == nullptr) {
-      return Status(Code::kResourceExhausted,
-                    internal::str_cat("host allocation of a ", slab.bytes,
-                                      "-byte slab failed "
-                                      "with ",
-                                      impl.stats.slab_bytes,
-                                      " bytes already in slabs; "
-                                      "free host RAM or stream fewer weights"));
-    }
-    slab.base = static_cast<char*>(ptr);
-    slab.memory = SlabMemory::kOrdinary;
-    for (std::size_t i : slab.tensors) {
-      impl.stats.pageable_bytes += static_cast<std::int64_t>(tensors[i].bytes);
-    }
-    impl.stats.slab_bytes += static_cast<std::int64_t>(slab.bytes);
-    ++impl.stats.pageable_slabs;
-    impl.slabs.push_back(std::move(slab));
-  }
+  DDO_RETURN_IF_ERROR(impl.make_ordinary_slabs(ordinary, options, &offsets));
 
   for (std::size_t s = 0; s < impl.slabs.size(); ++s) {
     const Slab& slab = impl.slabs[s];
