@@ -187,7 +187,10 @@ std::unique_ptr<adapter::Offload> attach_with_events(
   return offload;
 }
 
-void bind_offload(py::module_& m) {
+namespace {
+
+// The execution device a pipeline's components share.
+void bind_device(py::module_& m) {
   py::class_<engine::Device, std::shared_ptr<engine::Device>>(
       m, "Device", "An execution device shared by the components of a pipeline (opaque).");
 
@@ -198,7 +201,9 @@ void bind_offload(py::module_& m) {
                                               config_from(to_json(config, "config")));
       },
       py::arg("execution_device"), py::arg("config") = py::none());
+}
 
+void bind_pipeline_router(py::module_& m) {
   // The pipeline router (ddo/torch/pipeline_offload.h): ddo/diffusers.py gathers the components
   // and C++ decides their routes, the profiled one and the shared device, as it does for
   // ddo::adapter::enable_pipeline_offload.
@@ -228,7 +233,9 @@ void bind_offload(py::module_& m) {
       "{components: [{name, route}], profiled, execution_device, open_device, settings: [the "
       "Settings each component is attached with]} for a pipeline's components under `settings` "
       "(route_pipeline and PipelineRouting::settings_for in ddo/torch/pipeline_offload.h).");
+}
 
+void bind_caches(py::module_& m) {
   // The process-lifetime caches (ddo/torch/weight_cache.h).
   m.def("pinned_weight_cache_stats",
         [] { return from_json(adapter::pinned_weight_cache_stats().to_json()); });
@@ -241,7 +248,10 @@ void bind_offload(py::module_& m) {
       py::arg("namespace") = py::none());
   m.def("plan_cache_stats", [] { return from_json(adapter::plan_cache_stats().to_json()); });
   m.def("clear_plan_cache", &adapter::clear_plan_cache);
+}
 
+// The measured region (ddo/torch/profile_run.h).
+void bind_profile_run(py::module_& m) {
   py::class_<adapter::ProfileRun, std::unique_ptr<adapter::ProfileRun>>(m, "ProfileRun")
       .def(
           "finish",
@@ -279,7 +289,9 @@ void bind_offload(py::module_& m) {
           "report then has an 'error' saying to calibrate this workload.")
       .def("report", [](const adapter::ProfileRun& run) { return from_json(run.report()); })
       .def_property_readonly("active", &adapter::ProfileRun::active);
+}
 
+void bind_generation_meter(py::module_& m) {
   // One generation's report (ddo/torch/generation.h); ddo/diffusers.py times each component's
   // forward as a stage.
   py::class_<adapter::GenerationMeter>(m, "GenerationMeter")
@@ -330,7 +342,10 @@ void bind_offload(py::module_& m) {
             return from_json(report);
           },
           "Ends the generation; returns its report (dict).");
+}
 
+// The handle of one model's offload, and the attach that makes it.
+void bind_offload_handle(py::module_& m) {
   py::class_<adapter::Offload, std::unique_ptr<adapter::Offload>>(m, "Offload")
       .def(
           "remove",
@@ -394,7 +409,9 @@ void bind_offload(py::module_& m) {
       py::arg("execution_device") = "", py::arg("record_event") = py::none(),
       py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true,
       py::arg("load") = py::none(), py::arg("extra_skip_patterns") = std::vector<std::string>{});
+}
 
+void bind_loader(py::module_& m) {
   // The loader (ddo/torch/loader.h).
   m.def(
       "placeholder_like",
@@ -468,6 +485,18 @@ void bind_offload(py::module_& m) {
   m.def("is_managed", &adapter::is_managed, py::arg("tensor"),
         "True when the tensor is a streamed weight of an active offload.");
   m.def("interception_active", &adapter::interception_active);
+}
+
+}  // namespace
+
+void bind_offload(py::module_& m) {
+  bind_device(m);
+  bind_pipeline_router(m);
+  bind_caches(m);
+  bind_profile_run(m);
+  bind_generation_meter(m);
+  bind_offload_handle(m);
+  bind_loader(m);
 }
 
 }  // namespace ddo::python
