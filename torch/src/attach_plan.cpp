@@ -1126,6 +1126,7 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
     (void)put_cached_weights(std::move(entry), weight_cache_budget(*this));
   }
   replaced.clear();
+  totals_at_remove = run_totals(*this);
   runtime.reset();
   counting.reset();
   weights.reset();  // the disk tier's files

@@ -163,22 +163,31 @@ nlohmann::json Offload::report() const {
   return r;
 }
 
-Offload::Counters Offload::counters() const {
-  const OffloadState& s = *state_;
-  Counters c;
+namespace internal {
+
+OffloadState::RunTotals run_totals(const OffloadState& s) {
+  if (s.totals_at_remove) return *s.totals_at_remove;
+  OffloadState::RunTotals t;
   if (s.runtime) {
     const engine::SchedulerStats st = s.runtime->scheduler->stats();
-    c.bytes_streamed = st.bytes_copied;
-    c.disk_bytes_read = st.disk_bytes_read;
+    t.bytes_streamed = st.bytes_copied;
+    t.disk_bytes_read = st.disk_bytes_read;
   }
   // The load's bytes; with the disk tier the files stay open and their meter counts the load
   // and every read since.
-  c.file_bytes_read = s.setup.load_bytes;
+  t.file_bytes_read = s.setup.load_bytes;
   if (s.weights) {
-    c.file_bytes_read =
-        std::max(c.file_bytes_read, static_cast<std::int64_t>(s.weights->read_stats().bytes));
+    t.file_bytes_read =
+        std::max(t.file_bytes_read, static_cast<std::int64_t>(s.weights->read_stats().bytes));
   }
-  return c;
+  return t;
+}
+
+}  // namespace internal
+
+Offload::Counters Offload::counters() const {
+  const OffloadState::RunTotals t = internal::run_totals(*state_);
+  return {t.bytes_streamed, t.disk_bytes_read, t.file_bytes_read};
 }
 
 std::string Offload::summary() const {

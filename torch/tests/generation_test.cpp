@@ -132,6 +132,7 @@ TEST(GenerationMeter, AStagedFlowKeepsWhatEachReleasedStageStreamed) {
     encoder_streamed = encoder->counters().bytes_streamed;
     meter.drop_offload("text_encoder");
     encoder->remove();
+    EXPECT_EQ(encoder->counters().bytes_streamed, encoder_streamed);  // its totals outlive remove()
   }
   auto dit = enable_offload(*p.dit, test::sim_options(dir));
   meter.add_offload("transformer", dit.get());

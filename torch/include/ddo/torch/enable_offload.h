@@ -140,7 +140,8 @@ class Offload {
   std::shared_ptr<engine::Device> device() const;
 
   /// The running totals report()["run"] gives, read without building the report (a
-  /// GenerationMeter reads them at every stage boundary).
+  /// GenerationMeter reads them at every stage boundary); after remove(), the totals it ended
+  /// with.
   struct Counters {
     std::int64_t bytes_streamed = 0;   ///< host -> device copies of streamed units
     std::int64_t disk_bytes_read = 0;  ///< disk-tier reads during steps
