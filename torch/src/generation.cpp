@@ -6,6 +6,7 @@
 #include "ddo/core/device_name.h"
 #include "ddo/core/os_memory.h"
 #include "ddo/core/status.h"
+#include "ddo/core/units.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/memory_probe.h"
 
@@ -16,8 +17,9 @@ namespace {
 // that the thread costs nothing measurable (one /proc read and one memory query per period).
 constexpr std::chrono::milliseconds kSamplePeriod{5};
 
+// -1 (a figure nobody measured) stays -1.
 double to_gib(std::int64_t bytes) {
-  return bytes < 0 ? -1.0 : static_cast<double>(bytes) / static_cast<double>(std::int64_t{1} << 30);
+  return bytes < 0 ? -1.0 : core::bytes_to_gib(bytes);
 }
 
 void raise_to(std::atomic<std::int64_t>& peak, std::int64_t value) {

@@ -165,9 +165,9 @@ nlohmann::json Offload::report() const {
 
 namespace internal {
 
-OffloadState::RunTotals run_totals(const OffloadState& s) {
+Offload::Counters run_totals(const OffloadState& s) {
   if (s.totals_at_remove) return *s.totals_at_remove;
-  OffloadState::RunTotals t;
+  Offload::Counters t;
   if (s.runtime) {
     const engine::SchedulerStats st = s.runtime->scheduler->stats();
     t.bytes_streamed = st.bytes_copied;
@@ -186,8 +186,7 @@ OffloadState::RunTotals run_totals(const OffloadState& s) {
 }  // namespace internal
 
 Offload::Counters Offload::counters() const {
-  const OffloadState::RunTotals t = internal::run_totals(*state_);
-  return {t.bytes_streamed, t.disk_bytes_read, t.file_bytes_read};
+  return internal::run_totals(*state_);
 }
 
 std::string Offload::summary() const {

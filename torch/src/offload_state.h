@@ -124,16 +124,11 @@ struct OffloadState {
   std::int64_t kept_on_device_bytes = 0;  // left on the device by restore(keep_residents)
   // Offload::counters() as they stood when restore() ended the run (it drops the scheduler and
   // the files that count them), so a reader after remove() gets the totals, not zeros.
-  struct RunTotals {
-    std::int64_t bytes_streamed = 0;
-    std::int64_t disk_bytes_read = 0;
-    std::int64_t file_bytes_read = 0;
-  };
-  std::optional<RunTotals> totals_at_remove;
+  std::optional<Offload::Counters> totals_at_remove;
 };
 
 // The running totals Offload::counters() gives (offload_report.cpp).
-OffloadState::RunTotals run_totals(const OffloadState& s);
+Offload::Counters run_totals(const OffloadState& s);
 
 // One open profile_run() region.
 struct RegionState {
