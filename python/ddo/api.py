@@ -210,7 +210,8 @@ class OffloadResult:
                 {"name": n, "seconds": s, "payload": p} for n, s, p in self._events
             ],
         }
-        r["quantized_compute"] = copy.deepcopy(self._quantized)
+        if self._quantized:
+            r["quantized_compute"] = copy.deepcopy(self._quantized)
         return r
 
     def summary(self) -> str:
@@ -489,12 +490,9 @@ def _enable(
         _check_type("quantize", quantize, (str,), "\"fp8\", \"int8\" or None")
     # The package's type name, "" for none; a ValueError naming the choices before anything
     # changes.
-    if quantize is not None and torch.ops.ddo.sdnq_quantize_type(quantize):
-        if jit:
-            raise TypeError(
-                "quantize= rewrites nn.Linear modules, which a TorchScript module does not have; "
-                "quantize the nn.Module (ddo.sdnq.quantize_linear) before scripting it"
-            )
+    # A TorchScript module's Linears are quantized by C++ (OffloadOptions::quantize): its graph
+    # calls aten::linear on its own weights, which become placeholders served from the copies.
+    if quantize is not None and torch.ops.ddo.sdnq_quantize_type(quantize) and not jit:
         if load is not None:
             raise TypeError("quantize= needs the weights in memory; pass it to enable_offload "
                             "after loading, not to a deferred load")
@@ -518,7 +516,7 @@ def _enable(
     )
     try:
         if jit:
-            native = _C.enable_offload_jit(model, **native_args)
+            native = _C.enable_offload_jit(model, quantize=quantize or "", **native_args)
         else:
             native = _C.enable_offload_tree(model_class, entries, load=load,
                                             extra_skip_patterns=extra_skip, **native_args)
@@ -528,8 +526,9 @@ def _enable(
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
     report = native.report()
-    result._record_quantized_compute(sdnq_layers, quantize, skipped,
-                                     report.get("execution_device", "cuda:0"))
+    if not jit:  # C++ reports a TorchScript module's quantized Linears itself
+        result._record_quantized_compute(sdnq_layers, quantize, skipped,
+                                         report.get("execution_device", "cuda:0"))
     result._install_sdnq_forwards(sdnq_layers, report.get("executing", False))
     try:
         object.__setattr__(model, _ATTR, result)
@@ -590,8 +589,10 @@ def enable_offload(
     quantize: ``"fp8"`` or ``"int8"`` quantizes the model's dense Linears (one scale per output
         row, in place, before the plan) so they compute with the card's low-precision GEMM (fp8:
         sm_89+, int8: sm_80+; elsewhere they dequantize) and stream half the bytes; the model
-        stays quantized after ``remove()``. ``report()["quantized_compute"]`` gives each layer's
-        path and why. A named profile is keyed by name and model class only: a bf16 and an fp8
+        stays quantized after ``remove()``. A TorchScript module keeps its modules: C++ serves
+        each Linear's weight from a quantized copy while the dense weight stays in host memory,
+        and ``remove()`` gives it back unchanged. ``report()["quantized_compute"]`` gives each
+        layer's path and why. A named profile is keyed by name and model class only: a bf16 and an fp8
         run under one name share it (recalibrate, or use another name).
 
     diffusers-dynamic-offloader's keywords, with its meaning (README "Drop-in for diffusers-dynamic-

@@ -58,7 +58,7 @@ void bind_jit(py::module_& m) {
          const std::string& profile_name, bool build_profile,
          const core::DynamicOffloadSettings* settings, py::object config, py::object overrides,
          const std::string& execution_device, py::object record_event, py::object env,
-         std::shared_ptr<engine::Device> device, bool check_signals) {
+         std::shared_ptr<engine::Device> device, bool check_signals, const std::string& quantize) {
         const torch::jit::Module jit = jit_module_of(module);
         OffloadArgs args;
         args.preset = preset;
@@ -73,17 +73,21 @@ void bind_jit(py::module_& m) {
         args.device = std::move(device);
         args.check_signals = check_signals;
         // model_class stays "": the C++ path names the profile after the root's TorchScript type.
-        return attach_with_events(
-            offload_options(args), args,
-            [&](const adapter::OffloadOptions& o) { return adapter::enable_offload(jit, o); });
+        adapter::OffloadOptions options = offload_options(args);
+        options.quantize = quantize;
+        return attach_with_events(options, args, [&](const adapter::OffloadOptions& o) {
+          return adapter::enable_offload(jit, o);
+        });
       },
       py::arg("module"), py::arg("preset") = py::none(), py::arg("profile_name") = "",
       py::arg("build_profile") = false, py::arg("settings") = nullptr,
       py::arg("config") = py::none(), py::arg("overrides") = py::none(),
       py::arg("execution_device") = "", py::arg("record_event") = py::none(),
       py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true,
+      py::arg("quantize") = "",
       "enable_offload_tree for a TorchScript module: the tree, kinds and class identity come from "
-      "its TorchScript types (ddo::adapter::enable_offload(const torch::jit::Module&)).");
+      "its TorchScript types (ddo::adapter::enable_offload(const torch::jit::Module&)); "
+      "quantize= is OffloadOptions::quantize (its Linears served from quantized copies).");
 }
 
 }  // namespace ddo::python

@@ -216,3 +216,32 @@ def test_the_loader_quantizes_a_bf16_checkpoint(tmp_path, apply_dynamic):
     out = module(**inputs).sample
     assert rel_l2(out, reference) < 0.1, rel_l2(out, reference)
     offload.remove()
+
+
+@pytest.mark.parametrize("quantize", ["int8", "fp8"])
+@torch.no_grad()
+def test_quantize_keyword_on_a_torchscript_model(quantize):
+    # A traced module keeps its graph and modules: C++ serves each Linear's weight from a
+    # quantized copy (OffloadOptions::quantize), with the outputs of Python's quantize= on the
+    # same weights, and gives the dense weights back on remove().
+    torch.manual_seed(3)
+    model = Mlp().to(torch.bfloat16).eval()
+    x = torch.randn(2, 48, 256, dtype=torch.bfloat16)
+    traced = torch.jit.trace(model, (x,))
+    dense = [p.detach().clone() for p in traced.parameters()]
+    offload = ddo.enable_offload(traced, preset="one_shot_fast", quantize=quantize, **STREAM)
+    report = offload.report()["quantized_compute"]
+    gemm = "int8_gemm" if quantize == "int8" else "fp8_gemm"
+    assert report["quantize"] == quantize
+    assert report["counts"] == {gemm: 4}, report
+    assert "multiple of 16" in report["kept_dense"]["head"]
+    # Reads outside the ops see the model's own weights, not zeros and not the quantized ones.
+    assert all(torch.equal(p, d) for p, d in zip(traced.parameters(), dense))
+    out = traced(x)
+    python_path = ddo.enable_offload(model, preset="one_shot_fast", quantize=quantize, **STREAM)
+    expected = model(x)
+    python_path.remove()
+    assert rel_l2(out, expected) < 1e-3, rel_l2(out, expected)
+    offload.remove()
+    assert all(torch.equal(p, d) for p, d in zip(traced.parameters(), dense))
+    assert not any(ddo._C.is_managed(p) for p in traced.parameters())

@@ -67,6 +67,10 @@ inline void print_decisions(const OffloadState& s) {
 // reference path's float32 intermediates.
 std::int64_t sdnq_temporary_bytes_per_value(const OffloadState& s);
 
+// Remembers a storage remove(keep_residents_on_device) left on the device, so the next attach of
+// the model knows it from tensors the host put there itself (attach_plan.cpp).
+void remember_kept_on_device(const at::Tensor& t);
+
 // Carries the plan out (Note [Attach phases] in attach_plan.cpp); throws with the state's
 // replaced tensors recorded, so OffloadState::restore(setup_failed) can put the model back.
 void apply_plan(OffloadState& s, int pin_workers);

@@ -1,4 +1,5 @@
-// Carrying a plan out (Note [Attach phases]) and the way back (Note [Restore in two phases]).
+// Carrying a plan out (Note [Attach phases]); the way back is attach_restore.cpp, quantize= is
+// attach_quantize.cpp.
 //
 // See Note [Setup order] for why tensors are re-pointed unit by unit.
 
@@ -46,6 +47,7 @@
 #include "weight_cache_internal.h"
 
 #include "attach_common.h"
+#include "attach_quantize.h"
 #include "ddo/sdnq/kernel_status.h"
 
 namespace ddo::adapter {
@@ -73,11 +75,15 @@ ViewKey view_key(const at::Tensor& t) {
 std::mutex g_kept_mu;
 std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> g_kept_on_device;
 
+}  // namespace
+
 void remember_kept_on_device(const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(g_kept_mu);
   std::erase_if(g_kept_on_device, [](const auto& w) { return w.expired(); });
   g_kept_on_device.emplace_back(t.storage().getWeakStorageImpl());
 }
+
+namespace {
 
 bool kept_on_device_by_ddo(const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(g_kept_mu);
@@ -900,12 +906,17 @@ void finish_attach(OffloadState& s) {
 // parameters requiring grad) the weights are frozen for inference, counted in the report, and the
 // first op that runs with autograd enabled warns once per offload (StageScope::stage).
 void refuse_trainable_streamed(const OffloadState& s) {
+  // A quantized Linear's slot holds its quantized weight; whether it is trained is its dense
+  // weight's (Note [Quantized dense weights] in attach_quantize.cpp).
+  std::map<std::pair<std::size_t, std::size_t>, const at::Tensor*> dense_of;
+  for (const QuantizedLinear& q : s.quantized) dense_of[{q.entry, q.slot}] = &q.handle;
   bool sorted = false;  // some parameter of the model is frozen
   for (const ModuleEntry& entry : s.tree.entries) {
     for (const TensorSlot& slot : entry.tensors) {
       sorted = sorted || (slot.is_parameter && !slot.tensor.requires_grad());
     }
   }
+  for (const QuantizedLinear& q : s.quantized) sorted = sorted || !q.handle.requires_grad();
   if (!sorted) return;
   std::vector<std::string> names;
   std::size_t count = 0;
@@ -915,7 +926,9 @@ void refuse_trainable_streamed(const OffloadState& s) {
     bool listed = false;
     for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
       if (s.plan.modules[m].tensors[t].action != core::TensorAction::kStream) continue;
-      if (!entry.tensors[t].tensor.requires_grad()) continue;
+      const auto dense = dense_of.find({m, t});
+      const at::Tensor& tensor = dense == dense_of.end() ? entry.tensors[t].tensor : *dense->second;
+      if (!tensor.requires_grad()) continue;
       ++count;
       if (!listed && names.size() < 8) names.push_back(entry.name.empty() ? "<root>" : entry.name);
       listed = true;
@@ -944,192 +957,15 @@ void apply_plan(OffloadState& s, int pin_workers) {
   place_residents(s, replaced_of);
   const std::vector<UnitLayout> units = layout_stream_units(s, replaced_of);
   if (!units.empty()) build_stream_runtime(s, units, pin_workers);
+  install_quantized_weights(s);
   finish_attach(s);
 }
-
-namespace {
-
-// The bound of Note [Pinned-weight cache]: the explicit pin bounds, else RAM less the headroom.
-std::optional<std::int64_t> weight_cache_budget(const OffloadState& s) {
-  const core::DynamicOffloadConfig& c = s.settings.config;
-  std::optional<std::int64_t> bound;
-  for (double gb : {c.pin_weight_budget_gb, c.max_pin_weight_budget_gb}) {
-    if (gb <= 0) continue;
-    const auto b = static_cast<std::int64_t>(gb * core::kGiB);
-    bound = bound ? std::min(*bound, b) : b;
-  }
-  if (bound) return bound;
-  const std::optional<std::int64_t> available = s.settings.available_ram_bytes();
-  if (!available) return std::nullopt;
-  const auto headroom = static_cast<std::int64_t>(c.system_ram_headroom_gb * core::kGiB);
-  // Detected free RAM does not count what the cache and this offload's slabs already hold.
-  std::int64_t held = 0;
-  if (!c.available_system_ram_gb) {
-    held = pinned_weight_cache_stats().bytes;
-    if (s.runtime) held += s.runtime->slabs->stats().slab_bytes;
-  }
-  return std::max<std::int64_t>(0, *available + held - headroom);
-}
-
-// An empty cache entry for this offload's slabs when remove() should keep them, else null: the
-// cache is on and kept, something is streamed, every streamed weight came from the CPU, and the
-// slabs fit the bound (a larger entry is counted as rejected).
-std::shared_ptr<CachedWeights> make_cache_entry(const OffloadState& s, bool keep) {
-  if (!keep || !s.settings.config.cache_pinned_weights || !s.runtime || !s.runtime->slabs) {
-    return nullptr;
-  }
-  for (const bool on_disk : s.runtime->unit_on_disk) {
-    if (on_disk) return nullptr;  // a disk-tier unit has no slab to keep
-  }
-  if (s.setup.adopted_units > 0) return nullptr;  // loader pins go back to the loader's tensors
-  for (const ReplacedTensor& r : s.replaced) {
-    if (r.unit >= 0 && r.tied_to < 0 && !r.original_device.is_cpu()) return nullptr;
-  }
-  auto entry = std::make_shared<CachedWeights>();
-  entry->ns = s.settings.config.pinned_weight_cache_namespace;
-  entry->key = s.weight_cache_key;
-  entry->slabs = s.runtime->slabs;
-  entry->unit_bytes = s.unit_bytes;
-  entry->bytes = s.runtime->slabs->stats().slab_bytes;
-  const std::optional<std::int64_t> budget = weight_cache_budget(s);
-  if (budget && entry->bytes > *budget) {
-    (void)put_cached_weights(std::move(entry), budget);  // counts the rejection
-    return nullptr;
-  }
-  return entry;
-}
-
-}  // namespace
 
 std::int64_t sdnq_temporary_bytes_per_value(const OffloadState& s) {
   constexpr std::int64_t kKernel = 2;      // bf16 / fp16 written once
   constexpr std::int64_t kReference = 10;  // float32 values and products, then the result
   if (s.kind != engine::DeviceKind::kCuda || !s.inventory.has_sdnq_layers()) return kReference;
   return sdnq::use_dequantize_kernel(s.torch_device.index()) ? kKernel : kReference;
-}
-
-// Note [Restore in two phases]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// remove() first builds every tensor the model gets back (reads from the checkpoint for the disk
-// tier, copies out of the slabs, device copies), and only when all of them exist re-points the
-// parameters, which cannot fail. A failure in the first phase (a shard truncated since the load,
-// out of memory) therefore leaves the offload exactly as it was: still active, every weight
-// still served, and the error says so; the host fixes the cause and calls remove() again. A copy
-// keeps the tensor's own layout (sizes, strides, storage offset) over a storage of the same
-// extent, so a weight whose strides overlap (an expanded view, stride 0) comes back as such.
-at::Tensor copy_with_layout(const at::Tensor& t) {
-  const std::size_t span = span_bytes(t);
-  const int64_t extent = static_cast<int64_t>(span / t.element_size());
-  at::Tensor base = at::empty({extent}, at::TensorOptions().dtype(t.dtype()));
-  if (extent > 0) base.copy_(t.detach().as_strided({extent}, {1}, t.storage_offset()));
-  return base.as_strided(t.sizes(), t.strides(), 0);
-}
-
-// A streamed weight that stays in its slab region for the pinned-weight cache: a CPU view of
-// the region, owned by the cache entry and the view together.
-at::Tensor cached_view(const ReplacedTensor& r, const StreamRuntime& runtime,
-                       CachedWeights& entry) {
-  char* data = static_cast<char*>(runtime.slabs->tensor_ptr(r.unit)) + r.unit_offset;
-  const std::size_t span = span_bytes(r.handle);
-  CachedTensor c;
-  c.name = r.name;
-  c.sizes = r.sizes;
-  c.strides = r.strides;
-  c.dtype = r.handle.scalar_type();
-  c.unit = static_cast<std::size_t>(r.unit);
-  c.offset = r.unit_offset;
-  c.span = span;
-  c.fingerprint = sample_fingerprint(data, span);
-  at::Tensor view =
-      make_cached_view(data, span, r.sizes, r.strides, c.dtype, runtime.slabs, &c.lease);
-  entry.tensors.push_back(std::move(c));
-  return view;
-}
-
-void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_residents) {
-  if (!active) return;
-  ScopedUncountedCpuAllocations uncounted;
-  if (runtime) {
-    runtime->release_held();
-    runtime->scheduler->drain();
-  }
-  if (device) device->synchronize_stream(engine::kDefaultStream);
-  at::AutoGradMode no_grad(false);
-  std::shared_ptr<CachedWeights> entry =
-      setup_failed ? nullptr : make_cache_entry(*this, keep_weight_cache);
-  // Phase 1 (Note [Restore in two phases]): what each parameter gets back; nothing re-pointed.
-  std::vector<at::Tensor> restored(replaced.size());
-  std::vector<const at::Tensor*> kept;  // left on the device: remembered once phase 1 succeeded
-  std::int64_t kept_bytes = 0;
-  try {
-    for (std::size_t i = 0; i < replaced.size(); ++i) {
-      ReplacedTensor& r = replaced[i];
-      if (r.tied_to >= 0) {
-        restored[i] = restored[r.tied_to];
-      } else if (setup_failed && r.from_file) {
-        restored[i] = make_placeholder(r.sizes, r.handle.scalar_type());
-      } else if (keep_residents && kind == engine::DeviceKind::kCuda &&
-                 (r.action == core::TensorAction::kResident ||
-                  r.action == core::TensorAction::kMoveOnce) &&
-                 r.handle.device() == torch_device) {
-        // Stays in its device chunk for the next attach (RemoveOptions::keep_residents_on_device),
-        // which finds it on the execution device and moves nothing.
-        restored[i] = r.handle.detach();
-        kept_bytes += static_cast<std::int64_t>(span_bytes(r.handle));
-        kept.push_back(&restored[i]);
-      } else if (r.unit >= 0 && runtime &&
-                 runtime->unit_on_disk[static_cast<std::size_t>(r.unit)] && weights) {
-        // Disk tier: the weight was never in host memory; the model the host gets back reads it
-        // from the checkpoint once more, into an ordinary CPU tensor.
-        restored[i] = weights->read_cpu(r.name, r.handle, record_event);
-        if (!r.original_device.is_cpu()) restored[i] = restored[i].to(r.original_device);
-      } else if (r.loader_pin.defined()) {
-        // Streamed where the loader pinned it: the loader's own tensor again (Note [Loader
-        // pins]), so a later attach adopts it once more.
-        restored[i] = r.loader_pin;
-      } else if (entry && r.unit >= 0) {
-        restored[i] = cached_view(r, *runtime, *entry);
-      } else {
-        at::Tensor fresh = copy_with_layout(r.handle);
-        if (!r.original_device.is_cpu()) fresh = fresh.to(r.original_device);
-        restored[i] = fresh;
-      }
-    }
-  } catch (const std::exception& e) {
-    throw Error(Code::kDataLoss,
-                ddo::internal::str_cat(
-                    "remove() could not restore the weights of ", model_class, ": ", e.what(),
-                    "; nothing was changed: the offload is still active and the model runs as "
-                    "before. Fix the cause (e.g. restore the checkpoint file) and call remove() "
-                    "again"));
-  }
-  // Phase 2: cannot fail.
-  active = false;
-  if (!keep_weight_cache && settings.config.cache_pinned_weights) {
-    (void)take_cached_weights(weight_cache_key);  // dropped
-  }
-  for (const at::Tensor* t : kept) remember_kept_on_device(*t);
-  kept_on_device_bytes += kept_bytes;
-  for (std::size_t i = 0; i < replaced.size(); ++i) {
-    ReplacedTensor& r = replaced[i];
-    r.handle.set_data(restored[i]);
-    if (r.handle.is_leaf() && r.handle.requires_grad() != r.requires_grad) {
-      r.handle.set_requires_grad(r.requires_grad);
-    }
-  }
-  if (entry) {
-    std::sort(entry->tensors.begin(), entry->tensors.end(),
-              [](const CachedTensor& a, const CachedTensor& b) {
-                return std::make_pair(a.unit, a.offset) < std::make_pair(b.unit, b.offset);
-              });
-    // make_cache_entry checked the size against the budget, so the entry is kept.
-    (void)put_cached_weights(std::move(entry), weight_cache_budget(*this));
-  }
-  replaced.clear();
-  totals_at_remove = run_totals(*this);
-  runtime.reset();
-  counting.reset();
-  weights.reset();  // the disk tier's files
 }
 
 }  // namespace internal

@@ -1,6 +1,7 @@
 // enable_offload: the attach in its phases (attach_setup.cpp: settings, inventory, device,
-// profile, plan, placement; attach_plan.cpp: placement and restore) and the Offload handle. The
-// execution device: execution_device.cpp; the report: offload_report.cpp.
+// profile, plan, placement; attach_quantize.cpp: quantize=; attach_plan.cpp: placement;
+// attach_restore.cpp: remove()) and the Offload handle. The execution device:
+// execution_device.cpp; the report: offload_report.cpp.
 #include "ddo/torch/enable_offload.h"
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "ddo/engine/device.h"
 #include "ddo/torch/weight_cache.h"
 #include "attach_common.h"
+#include "attach_quantize.h"
 #include "intercept_common.h"
 #include "offload_state.h"
 #include "registration.h"
@@ -54,6 +56,7 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   // The phases, in attach_setup.cpp.
   const auto t0 = internal::Clock::now();
   internal::resolve_attach_settings(*s, options, env);
+  internal::quantize_linears(*s, options);
   const core::ExecutionMode requested_mode = internal::take_inventory(*s);
   const std::int64_t total_vram = internal::open_attach_device(*s, options);
   s->setup.resolve_seconds = internal::seconds_since(t0);

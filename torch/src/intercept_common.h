@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
@@ -25,6 +26,8 @@
 #include "managed_weight.h"
 
 namespace ddo::adapter::internal {
+
+struct QuantizedDense;  // quantized_dense.h
 
 // Note [Weights changed in place]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -83,6 +86,9 @@ class StageScope {
     if (!t.has_value()) return t;
     return stage(*t);
   }
+  // The quantized weight and scales a placeholder of a quantized Linear weight computes from,
+  // staged on the device (intercept_quantized.cpp).
+  std::pair<at::Tensor, at::Tensor> stage_quantized(const QuantizedDense& q);
 
  private:
   struct Held {
@@ -92,6 +98,11 @@ class StageScope {
     void* base;
   };
   void* acquire(ManagedWeight* m, engine::Stream stream);
+  // Throws unless this kernel's device kind is the offload's (`device` names it in the error).
+  void check_kind(engine::DeviceKind offload_kind, const c10::Device& device) const;
+  // A placeholder of a quantized Linear weight read by an op other than a Linear's: its
+  // quantized tensors staged and dequantized on the device, viewed as `t`.
+  at::Tensor stage_dequantized(const at::Tensor& t, const QuantizedDense& q);
 
   engine::DeviceKind kind_;
   const char* op_;

@@ -29,6 +29,7 @@
 namespace ddo::adapter::internal {
 
 class InterceptionHandle;
+struct QuantizedDense;  // quantized_dense.h
 
 // Note [Recognising managed storage]
 // ----------------------------------
@@ -94,6 +95,10 @@ struct ManagedWeight {
   // The version counter of the parameter when it was last served (Note [Weights changed in
   // place] in intercept_common.h).
   std::uint32_t version = 0;
+  // Set for a dense Linear weight served from its quantized copy (Note [Quantized dense
+  // weights] in attach_quantize.cpp): the record owns no unit (`unit` is -1) and the ops that
+  // read it compute from the quantized tensors this points to.
+  std::shared_ptr<const QuantizedDense> quant{};
 };
 
 // The deleter of every managed storage: frees the record only (the slab belongs to the runtime).

@@ -11,6 +11,7 @@
 #include "ddo/torch/memory_probe.h"
 #include "ddo/torch/weight_cache.h"
 #include "attach_common.h"
+#include "attach_quantize.h"
 #include "offload_state.h"
 #include "weight_source.h"
 
@@ -154,6 +155,7 @@ nlohmann::json Offload::report() const {
   r["run"] = run_report(s);
   r["profile_report"] = s.profile_report;
   r["kernels"] = internal::kernels_report(s.device_name);
+  r["quantized_compute"] = internal::quantized_compute_report(s);
   r["plan"] = {{"resident_budget_bytes", s.plan.resident_budget_bytes},
                {"resident_used_bytes", s.plan.resident_used_bytes},
                {"always_resident_bytes", s.plan.always_resident_bytes},
@@ -219,6 +221,15 @@ std::string Offload::summary() const {
     out +=
         fmt::format("  memory: peak {:.2f} GiB of {:.2f} GiB\n", run["peak_vram_gb"].get<double>(),
                     gib(run["total_vram_bytes"].get<std::int64_t>()));
+  }
+  if (!s.quantize.empty()) {
+    const nlohmann::json& q = r["quantized_compute"];
+    std::string paths;
+    for (const auto& [path, n] : q["counts"].items()) {
+      paths += fmt::format("{}{} {}", paths.empty() ? "" : ", ", n.get<int>(), path);
+    }
+    out += fmt::format("  quantize {}: {} Linears ({}), {} kept dense\n", s.quantize,
+                       q["layers"].size(), paths.empty() ? "none" : paths, q["kept_dense"].size());
   }
   const nlohmann::json& p = s.profile_report;
   if (p.contains("status")) {

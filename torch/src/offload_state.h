@@ -42,6 +42,22 @@ struct ReplacedTensor {
   at::Tensor loader_pin;
 };
 
+struct QuantizedDense;  // quantized_dense.h
+
+// A dense Linear weight that `quantize=` serves from its quantized copy (Note [Quantized dense
+// weights] in attach_quantize.cpp).
+struct QuantizedLinear {
+  std::size_t entry = 0;  // its module in tree.entries
+  std::size_t slot = 0;   // the quantized weight's slot there; the scale's is the next one
+  std::string name;       // its module: "blocks.0.attn.to_q"
+  at::Tensor handle;      // the model's own weight: the placeholder while served
+  at::Tensor host;        // its values in host memory, contiguous (the placeholder's bytes)
+  c10::Device original_device = c10::Device(c10::kCPU);
+  bool requires_grad = false;
+  std::vector<std::int64_t> layout_code;
+  std::shared_ptr<const QuantizedDense> served;  // set once the placeholder is installed
+};
+
 // Setup figures: the report's "setup" section (Offload::report).
 struct SetupFigures {
   double resolve_seconds = 0.0;
@@ -108,6 +124,11 @@ struct OffloadState {
   bool region_open = false;
 
   std::vector<ReplacedTensor> replaced;
+  // quantize=: "fp8", "int8", or "" for none; the Linears served quantized, and those kept
+  // dense with why (name -> reason).
+  std::string quantize;
+  std::vector<QuantizedLinear> quantized;
+  std::map<std::string, std::string> kept_dense;
   SetupFigures setup;
   bool active = true;
 

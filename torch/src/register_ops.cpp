@@ -19,6 +19,7 @@
 #include "host_tensor.h"
 #include "intercept_common.h"
 #include "kernels.h"
+#include "quantized_dense.h"
 #include "ddo/torch/interception.h"
 #include "registration.h"
 
@@ -68,6 +69,13 @@ CurrentStreamFn current_stream_fn() {
 // --- weights changed in place (Note [Weights changed in place] in intercept_common.h) ---------
 
 void note_changed_in_place(ManagedWeight* m, std::uint32_t version) {
+  if (m->quant != nullptr) {
+    // A quantized Linear's dense weight: its quantized copy is made again from the new bytes
+    // (whose own version change then drops any staged copy of them).
+    requantize(*m->quant);
+    m->version = version;
+    return;
+  }
   StreamRuntime* rt = m->runtime;
   const auto unit = static_cast<std::size_t>(m->unit);
   const std::string& name = unit < rt->unit_names.size() ? rt->unit_names[unit] : "?";
@@ -142,15 +150,19 @@ void* StageScope::acquire(ManagedWeight* m, engine::Stream stream) {
   return base;
 }
 
+void StageScope::check_kind(engine::DeviceKind offload_kind, const c10::Device& device) const {
+  TORCH_CHECK(offload_kind == kind_, "ddo: ", op_, " reads a weight that ddo streams to ",
+              device.str(), ", but its other inputs are on ",
+              kind_ == engine::DeviceKind::kCuda ? "a CUDA device" : "the CPU",
+              "; move the inputs to ", device.str(), " (the offload's execution device)");
+}
+
 at::Tensor StageScope::stage(const at::Tensor& t) {
   ManagedWeight* m = managed_of(t);
   if (m == nullptr) return t;
+  if (C10_UNLIKELY(m->quant != nullptr)) return stage_dequantized(t, *m->quant);
   StreamRuntime* rt = m->runtime;
-  TORCH_CHECK(rt->kind == kind_, "ddo: ", op_, " reads a weight that ddo streams to ",
-              rt->execution_device.str(), ", but its other inputs are on ",
-              kind_ == engine::DeviceKind::kCuda ? "a CUDA device" : "the CPU",
-              "; move the inputs to ", rt->execution_device.str(),
-              " (the offload's execution device)");
+  check_kind(rt->kind, rt->execution_device);
   engine::Stream stream = engine::kDefaultStream;
   if (kind_ == engine::DeviceKind::kCuda) {
     CurrentStreamFn fn = current_stream_fn();

@@ -91,6 +91,17 @@ struct OffloadOptions {
   /// The loader's checkpoint (loader.h): the tensors it holds are read from it straight
   /// into the memory the plan gives them. Null: the model's own tensors are the source.
   std::shared_ptr<WeightSource> weights;
+  /// "fp8" or "int8": each dense Linear that qualifies (ddo/sdnq/quantize_model.h) computes with
+  /// a copy quantized to one scale per output row, on the card's low-precision GEMM where it has
+  /// one (fp8: sm_89+, int8: sm_80+; elsewhere it dequantizes), and streams that copy: about half
+  /// the bytes of bf16. The model keeps its dense weights in host memory as the tensors its code
+  /// and the host see (Note [Quantized dense weights] in attach_quantize.cpp), so host memory
+  /// holds the dense model and the quantized copy, and remove() gives the model back unchanged.
+  /// report()["quantized_compute"] names each layer's path and why, and the Linears kept dense.
+  /// A named profile's identity does not include the quantization: a bf16 and an fp8 run under
+  /// one name share its budget (recalibrate, or use another name). "" or "none": no quantization.
+  /// Needs the weights in memory (not with `weights`).
+  std::string quantize;
 };
 
 /// The handle enable_offload() returns: the model's weights are placed by ddo for as long as it
