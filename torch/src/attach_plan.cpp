@@ -353,6 +353,12 @@ std::vector<std::vector<int>> collect_replaced(OffloadState& s,
   const core::Plan& plan = s.plan;
   std::vector<std::vector<int>> replaced_of(s.tree.entries.size());
   std::map<ViewKey, int> first_of_view;
+  // quantize='s copies are made at attach, never read from the loader's files.
+  std::set<std::pair<std::size_t, std::size_t>> made_here;
+  for (const QuantizedLinear& q : s.quantized) {
+    made_here.insert({q.entry, q.slot});
+    made_here.insert({q.entry, q.slot + 1});
+  }
   for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
     ModuleEntry& entry = s.tree.entries[m];
     replaced_of[m].assign(entry.tensors.size(), -1);
@@ -360,7 +366,8 @@ std::vector<std::vector<int>> collect_replaced(OffloadState& s,
       const core::TensorAction action = plan.modules[m].tensors[t].action;
       at::Tensor& handle = entry.tensors[t].tensor;
       const std::int64_t bytes = handle.numel() * handle.element_size();
-      const bool from_file = s.weights && s.weights->has(slot_name(entry, entry.tensors[t]));
+      const bool from_file = s.weights && !made_here.contains({m, t}) &&
+                             s.weights->has(slot_name(entry, entry.tensors[t]));
       if (action == core::TensorAction::kKeep) {
         s.setup.kept_bytes += bytes;
         if (from_file) stays_from_file.push_back(m);

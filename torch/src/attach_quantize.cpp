@@ -14,8 +14,10 @@
 #include "ddo/sdnq/quantize.h"
 #include "ddo/sdnq/quantize_model.h"
 #include "ddo/sdnq/quantized_matmul.h"
+#include "ddo/torch/loader.h"
 #include "host_tensor.h"
 #include "quantized_dense.h"
+#include "weight_source.h"
 
 namespace ddo::adapter::internal {
 
@@ -38,8 +40,9 @@ namespace ddo::adapter::internal {
 // values, never zeros. They are also what remove() gives back, so the model is unchanged after
 // it, and where an in-place write (a LoRA fuse) lands: the gate sees the version change and
 // quantizes the layer again from them (requantize). The cost is host memory: the dense model and
-// its quantized copy. The option needs the weights in memory, so not with the loader's
-// checkpoint, whose weights are read straight into the plan's memory.
+// its quantized copy. With the loader's checkpoint, the dense weight of each Linear quantized is
+// read into ordinary memory first (the other tensors go straight into the plan's memory), and the
+// copy in the tree is never read from the files.
 
 namespace {
 
@@ -76,11 +79,6 @@ const char* skip_reason(const at::Tensor& w,
 void quantize_linears(OffloadState& s, const OffloadOptions& options) {
   const std::optional<sdnq::QuantType> type = sdnq::parse_quantize_option(options.quantize);
   if (!type) return;
-  DDO_CHECK(!options.weights, Code::kInvalidArgument,
-            "quantize=\"" + options.quantize +
-                "\" needs the model's weights in memory, and the loader reads them from the "
-                "checkpoint into the plan's memory; load the model without offload (or quantize "
-                "its Linears with ddo::sdnq::SdnqLinear), then call enable_offload with quantize");
   s.quantize = *type == sdnq::QuantType::kFloat8E4M3 ? "fp8" : "int8";
   const sdnq::QuantizeOptions quantize_options = sdnq::quantize_model_options(*type);
   const auto uses = storage_uses(s.tree);
@@ -105,7 +103,13 @@ void quantize_linears(OffloadState& s, const OffloadOptions& options) {
     q.handle = weight;
     q.original_device = weight.device();
     q.requires_grad = weight.requires_grad();
-    q.host = weight.device().is_cpu() ? weight.detach() : weight.detach().to(c10::kCPU);
+    if (s.weights && is_placeholder(weight)) {
+      // The loader's checkpoint: the dense weight is read once into ordinary memory, where the
+      // placeholder's bytes live; the copy is what the plan places.
+      q.host = s.weights->read_cpu(slot_name(entry, entry.tensors[w]), weight, s.record_event);
+    } else {
+      q.host = weight.device().is_cpu() ? weight.detach() : weight.detach().to(c10::kCPU);
+    }
     auto [quantized, layout] = sdnq::quantize(q.host, quantize_options);
     q.layout_code = layout.encode();
     // The copy is not the model's: buffers, so that whether the model is being trained is read

@@ -14,8 +14,9 @@ namespace ddo::adapter::internal {
 
 // Before the inventory: each dense Linear that qualifies gets a quantized copy in its tree entry
 // (kind kSdnq: the quantized weight and its scales where the dense weight was), so the planner
-// sizes, places and streams the copy. The model is not changed yet. Throws kInvalidArgument for
-// an unknown option, or with the loader's checkpoint.
+// sizes, places and streams the copy. The model is not changed yet (a placeholder of the
+// loader's gets its dense weight read from the checkpoint). Throws kInvalidArgument for an
+// unknown option.
 void quantize_linears(OffloadState& s, const OffloadOptions& options);
 
 // After placement: each quantized Linear's weight becomes its placeholder (the dense bytes, a

@@ -33,32 +33,8 @@ using test::TempDir;
 
 using Model = test::TinyLinearNet;
 
-// Writes `tensors` (name -> fp32 CPU tensor) as one safetensors file.
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    const at::Tensor c = t.contiguous();
-    const std::size_t begin = data.size();
-    data.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
-    header[name] = {
-        {"dtype", "F32"}, {"shape", c.sizes().vec()}, {"data_offsets", {begin, data.size()}}};
-  }
-  const std::string text = header.dump();
-  const std::uint64_t n = text.size();
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
-
-std::vector<std::pair<std::string, at::Tensor>> state_of(torch::nn::Module& m) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : m.named_parameters())
-    out.emplace_back(item.key(), item.value().detach().clone());
-  return out;
-}
+using test::state_of;
+using test::write_safetensors;
 
 bool all_placeholders(torch::nn::Module& m) {
   for (const at::Tensor& p : m.parameters()) {

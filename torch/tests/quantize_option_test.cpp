@@ -18,6 +18,7 @@
 #include "ddo/sdnq/quantize_model.h"
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
+#include "ddo/torch/loader.h"
 #include "test_util.h"
 
 namespace ddo::adapter {
@@ -201,6 +202,32 @@ TEST(QuantizeOption, ASecondAttachServesTheCopyFromThePinnedWeightCache) {
   EXPECT_EQ(cache.at("pinned_new_bytes"), 0) << cache.dump();
   EXPECT_TRUE(at::equal(run(net, x), y));
   second->remove(Offload::RemoveOptions{.clear_weight_cache = true});
+}
+
+TEST(QuantizeOption, TheLoaderReadsTheDenseWeightsThenTheCopyIsWhatStreams) {
+  torch::manual_seed(5);
+  Net net;
+  const at::Tensor x = at::randn({48, 64}).to(at::kBFloat16);
+  const at::Tensor expected = reference(net, sdnq::QuantType::kFloat8E4M3, x);
+  std::vector<std::pair<std::string, at::Tensor>> state = test::state_of(*net);
+  for (auto& [name, t] : state) t = t.to(at::kFloat);  // bf16 values, exact in float32
+  TempDir dir;
+  const std::string file = (dir.path() / "net.safetensors").string();
+  test::write_safetensors(file, state);
+  const at::Tensor up_weight = net->up->weight.detach().clone();
+  release_weights(*net);
+  LoadOptions load;
+  load.path = file;
+  load.dtype = at::kBFloat16;
+  auto offload = load_with_offload(*net, load, quantize_options(dir, "fp8"));
+  const nlohmann::json r = offload->report();
+  EXPECT_EQ(r.at("quantized_compute").at("layers").size(), 2U) << r.at("quantized_compute");
+  EXPECT_TRUE(at::equal(net->up->weight, up_weight));  // read from the file, not a placeholder
+  const at::Tensor y = run(net, x);
+  EXPECT_TRUE(at::allclose(y, expected, 1e-2, 1e-2)) << (y - expected).abs().max();
+  offload->remove();
+  EXPECT_FALSE(is_placeholder(net->up->weight));
+  EXPECT_TRUE(at::equal(net->up->weight, up_weight));
 }
 
 TEST(QuantizeOption, TiedWeightsStayDense) {

@@ -5,11 +5,14 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -211,6 +214,33 @@ inline void expect_pin_refusal_leaves_model_alone(torch::nn::Module& model,
   }
   EXPECT_FALSE(interception_active());
   for (const auto& p : model.parameters()) EXPECT_FALSE(is_managed(p));
+}
+
+// Writes `tensors` (name -> fp32 CPU tensor) as one safetensors file.
+inline void write_safetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor c = t.contiguous();
+    const std::size_t begin = data.size();
+    data.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+    header[name] = {
+        {"dtype", "F32"}, {"shape", c.sizes().vec()}, {"data_offsets", {begin, data.size()}}};
+  }
+  const std::string text = header.dump();
+  const std::uint64_t n = text.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+inline std::vector<std::pair<std::string, at::Tensor>> state_of(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : m.named_parameters())
+    out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
 }
 
 }  // namespace ddo::adapter::test

@@ -100,7 +100,8 @@ struct OffloadOptions {
   /// report()["quantized_compute"] names each layer's path and why, and the Linears kept dense.
   /// A named profile's identity does not include the quantization: a bf16 and an fp8 run under
   /// one name share its budget (recalibrate, or use another name). "" or "none": no quantization.
-  /// Needs the weights in memory (not with `weights`).
+  /// With the loader (load_with_offload), each quantized Linear's dense weight is read from the
+  /// checkpoint into host memory first.
   std::string quantize;
 };
 
