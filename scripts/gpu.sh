@@ -261,7 +261,8 @@ py() {
 }
 
 # W4 (quantized compute): the GEMM table, bf16/int8/fp8 resident, fp8 and dequantize rows per cap
-# (bench/python/w4_quantized.py); its JSON holds every figure.
+# (bench/python/w4_quantized.py); its JSON holds every figure. DDO_W4_FAMILY=wan: the Wan 2.1-14B
+# row (bf16 resident against fp8 at 8 GiB) into w4-wan.json.
 w4() {
   if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: w4 step needs the ddo Python package"; return 1; fi
   install_wheels
@@ -270,8 +271,9 @@ w4() {
   echo "== w4" >>"$LOG"
   # shellcheck disable=SC2086
   timeout "$left" "$PY" "$ROOT/bench/python/w4_quantized.py" --size "$size" "${dev[@]}" \
-    ${DDO_W4_CAPS:+--caps "$DDO_W4_CAPS"} --steps "${DDO_W1_STEPS:-5}" \
-    --out "$OUT/w4.json" --commit "$DDO_COMMIT" ${DDO_W4_ARGS:-} >>"$LOG" 2>&1
+    --family "${DDO_W4_FAMILY:-flux}" ${DDO_W4_CAPS:+--caps "$DDO_W4_CAPS"} \
+    --steps "${DDO_W1_STEPS:-5}" --out "$OUT/w4${DDO_W4_FAMILY:+-$DDO_W4_FAMILY}.json" \
+    --commit "$DDO_COMMIT" ${DDO_W4_ARGS:-} >>"$LOG" 2>&1
   local rc=$?
   say "w4 rc=$rc"
   return $rc

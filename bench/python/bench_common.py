@@ -73,19 +73,47 @@ SIZES = {
 }
 
 
-def _construct_and_fill(size: str, device: str):
-    """FluxTransformer2DModel constructed on ``device`` with seeded random bf16 weights:
-    N(0, 0.02) for matrices, ones for norm weights and zeros for biases, so activations stay
-    finite. Returns (model, construct seconds, fill seconds)."""
+# Wan 2.1-14B's transformer (W4's video row): 480x832 and 21 frames are 6 latent frames of 60x104,
+# 9360 tokens after the (1, 2, 2) patches; 512 text tokens of UMT5-XXL's width.
+WAN_SIZES = {
+    "full": dict(
+        config=dict(
+            patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+            out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
+            cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+        ),
+        latent=(6, 60, 104), txt=512,
+    ),
+    "tiny": dict(
+        # hidden 512 and ffn 2048: matrices of 0.5-2 MiB, some above the 1 MiB small-tensor
+        # threshold, so the tiny size streams; 2 x 4 x 4 = 32 tokens reach the GEMM paths
+        config=dict(
+            patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=64, in_channels=16,
+            out_channels=16, text_dim=64, freq_dim=32, ffn_dim=2048, num_layers=4,
+            rope_max_seq_len=64,
+        ),
+        latent=(2, 8, 8), txt=16,
+    ),
+}
+
+
+def _construct_and_fill(size: str, device: str, family: str = "flux"):
+    """The family's transformer (FluxTransformer2DModel, or WanTransformer3DModel for "wan")
+    constructed on ``device`` with seeded random bf16 weights: N(0, 0.02) for matrices, ones for
+    norm weights and zeros for biases, so activations stay finite. Returns (model, construct
+    seconds, fill seconds)."""
     import torch
-    from diffusers import FluxTransformer2DModel
+    from diffusers import FluxTransformer2DModel, WanTransformer3DModel
 
     t0 = time.perf_counter()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device(device):
-            model = FluxTransformer2DModel(**SIZES[size]["config"])
+            if family == "wan":
+                model = WanTransformer3DModel(**WAN_SIZES[size]["config"])
+            else:
+                model = FluxTransformer2DModel(**SIZES[size]["config"])
     finally:
         torch.set_default_dtype(previous)
     model.eval().requires_grad_(False)
@@ -113,14 +141,14 @@ def build_on_device(size: str, device: str):
     return model, t_construct + t_fill
 
 
-def build_model(size: str, device: str):
-    """The seeded model, constructed on ``device`` (the GPU for the full size: default init of
-    12B parameters on the host takes minutes), then moved to the host: one host copy. Returns
-    (model, bytes, parameters, build timings)."""
+def build_model(size: str, device: str, family: str = "flux"):
+    """The seeded model (FLUX, or Wan 2.1 for ``family`` "wan"), constructed on ``device`` (the
+    GPU for the full size: default init of 12B parameters on the host takes minutes), then moved
+    to the host: one host copy. Returns (model, bytes, parameters, build timings)."""
     import torch
 
     t0 = time.perf_counter()
-    model, t_construct, t_fill = _construct_and_fill(size, device)
+    model, t_construct, t_fill = _construct_and_fill(size, device, family)
     model.to("cpu")
     if device != "cpu":
         torch.cuda.synchronize()
@@ -130,7 +158,7 @@ def build_model(size: str, device: str):
     params = sum(p.numel() for p in model.parameters())
     build = dict(seconds=seconds, construct_s=t_construct, fill_s=t_fill,
                  to_host_s=seconds - t_construct - t_fill)
-    log(f"built FluxTransformer2DModel ({size}) on {device}: {params / 1e9:.2f} B parameters, "
+    log(f"built {type(model).__name__} ({size}) on {device}: {params / 1e9:.2f} B parameters, "
         f"{nbytes / GB:.2f} GB bf16 in {seconds:.1f} s (construct {t_construct:.1f}, fill "
         f"{t_fill:.1f}, to host {build['to_host_s']:.1f})")
     return model, nbytes, params, build
@@ -165,6 +193,23 @@ def make_inputs(size: str, device: str, guidance: bool):
     )
     if guidance:
         inputs["guidance"] = torch.tensor([3.5], dtype=bf16)
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def make_wan_inputs(size: str, device: str):
+    """WanTransformer3DModel's inputs for WAN_SIZES[size]: latents [1, C, F, H, W], a timestep,
+    the text states."""
+    import torch
+
+    spec = WAN_SIZES[size]
+    cfg = spec["config"]
+    g = torch.Generator().manual_seed(7)
+    bf16 = torch.bfloat16
+    inputs = dict(
+        hidden_states=torch.randn(1, cfg["in_channels"], *spec["latent"], generator=g).to(bf16),
+        timestep=torch.tensor([500], dtype=torch.long),
+        encoder_hidden_states=torch.randn(1, spec["txt"], cfg["text_dim"], generator=g).to(bf16),
+    )
     return {k: v.to(device) for k, v in inputs.items()}
 
 

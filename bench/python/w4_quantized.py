@@ -18,11 +18,16 @@ VRAM and RSS, bound and efficiency) plus the output against the bf16 resident ou
 and cosine similarity). The targets (FLUX fp8 at 8 GiB <= 0.14 s and >= 1.25x faster than bf16
 resident; fp8 resident <= 0.125 s) are checked by the reader, not here.
 
+``--family wan`` runs the video row instead: Wan 2.1-14B's WanTransformer3DModel (480x832, 21
+frames: 6 latent frames, 9360 tokens; bench_common.WAN_SIZES), bf16 resident against fp8 at
+8 GiB by default (target: <= 0.7x the bf16 resident step), with the GEMM table for its shapes.
+
   python bench/python/w4_quantized.py --out w4.json --commit $(git rev-parse --short HEAD)
+  python bench/python/w4_quantized.py --family wan --out w4-wan.json
   python bench/python/w4_quantized.py --size tiny --device sim --out /tmp/w4.json   # CPU smoke
 
-Flags: --size full|tiny, --caps GiB list, --steps N, --routes (gemm,resident,int8,fp8,dequant),
---device cuda|sim, --sample-ms, --out FILE.json, --commit SHA.
+Flags: --family flux|wan, --size full|tiny, --caps GiB list, --steps N, --routes
+(gemm,resident,int8,fp8,dequant), --device cuda|sim, --sample-ms, --out FILE.json, --commit SHA.
 """
 
 from __future__ import annotations
@@ -47,12 +52,16 @@ def log(msg: str) -> None:
 
 bc.set_logger(log)
 
-DEFAULT_CAPS = {"full": "4,8,16", "tiny": "0.1,1.5"}
+DEFAULT_CAPS = {("flux", "full"): "4,8,16", ("flux", "tiny"): "0.1,1.5",
+                ("wan", "full"): "8", ("wan", "tiny"): "0.1"}
 ALL_ROUTES = ("gemm", "resident", "int8", "fp8", "dequant")
+DEFAULT_ROUTES = {"flux": ",".join(ALL_ROUTES), "wan": "gemm,resident,fp8"}
 # FLUX.1's Linear shapes (out, in): attention projections, the MLPs, the single blocks' fused
 # projection and output, the modulations.
 FLUX_SHAPES = [(3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072, 15360),
                (18432, 3072), (9216, 3072)]
+# Wan 2.1-14B's: attention projections (self and cross), the MLP, the text projection.
+WAN_SHAPES = [(5120, 5120), (13824, 5120), (5120, 13824), (5120, 4096)]
 
 
 def time_ms(fn, cuda: bool, reps: int = 20) -> float:
@@ -130,17 +139,19 @@ def resident_row(ctx: dict, row: dict, model, ref) -> object:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=("flux", "wan"), default="flux")
     p.add_argument("--size", choices=sorted(SIZES), default="full")
     p.add_argument("--caps")
-    p.add_argument("--routes", default=",".join(ALL_ROUTES))
+    p.add_argument("--routes")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--device", default="cuda")
     p.add_argument("--sample-ms", type=float, default=20.0)
     p.add_argument("--out", default="w4.json")
     p.add_argument("--commit")
     args = p.parse_args(argv)
-    caps = [float(c) for c in bc.split_list(args.caps or DEFAULT_CAPS[args.size])]
-    routes = bc.split_list(args.routes)
+    caps = [float(c) for c in bc.split_list(args.caps or DEFAULT_CAPS[args.family, args.size])]
+    routes = bc.split_list(args.routes or DEFAULT_ROUTES[args.family])
+    wan = args.family == "wan"
 
     profile_dir = bc.fresh_profile_dir("w4-profiles-")
     import torch
@@ -149,7 +160,7 @@ def main(argv=None) -> int:
     cuda = bc.use_cuda(args.device)
     if cuda is None:
         return 2
-    result = dict(benchmark="w4", size=args.size, steps=args.steps, caps=caps, routes=routes,
+    result = dict(benchmark="w4", family=args.family, size=args.size, steps=args.steps, caps=caps, routes=routes,
                   device="cuda" if cuda else "sim",
                   command=" ".join([os.path.basename(sys.executable)] + sys.argv),
                   commit=args.commit or bc.default_commit(),
@@ -163,26 +174,36 @@ def main(argv=None) -> int:
                 bc.set_bound(r, result.get("t_resident_s"), result.get("b_pinned_gbps"))
         bc.write_atomic(args.out, json.dumps(result, indent=1, default=str))
 
-    grid = SIZES[args.size]["grid"]
-    tokens = grid[0] * grid[1] + SIZES[args.size]["txt"]
+    if wan:
+        frames, h, w = bc.WAN_SIZES[args.size]["latent"]
+        tokens = frames * (h // 2) * (w // 2)  # the (1, 2, 2) patches; text is cross-attended
+        full_shapes = WAN_SHAPES
+    else:
+        grid = SIZES[args.size]["grid"]
+        tokens = grid[0] * grid[1] + SIZES[args.size]["txt"]
+        full_shapes = FLUX_SHAPES
+    result["tokens"] = tokens
     if "gemm" in routes:
-        shapes = FLUX_SHAPES if args.size == "full" else [(512, 512), (2048, 512)]
+        shapes = full_shapes if args.size == "full" else [(512, 512), (2048, 512)]
         result["rows"].extend(gemm_rows(cuda, tokens, shapes))
         save()
 
-    model, nbytes, params, build = build_model(args.size, "cpu")
-    guidance = bool(model.config.guidance_embeds)
+    # Built on the GPU (the host's default init of 12-14B parameters takes minutes), then held on
+    # the host: one copy.
+    model, nbytes, params, build = build_model(args.size, "cuda" if cuda else "cpu", args.family)
     b = bc.measure_b_pinned(cuda)
     result.update(model_gb=nbytes / GB, parameters=params, b_pinned_gbps=b["gbps"])
     dev = "cuda" if cuda else "cpu"
     # One set of inputs on the execution device: resident rows and ddo rows (the sim computes on
     # the CPU) read the same tensors.
+    inputs = (bc.make_wan_inputs(args.size, dev) if wan else
+              make_inputs(args.size, dev, bool(model.config.guidance_embeds)))
     ctx = dict(cuda=cuda, steps=args.steps, sample_s=args.sample_ms / 1e3, overrides={},
-               inputs=make_inputs(args.size, dev, guidance))
+               inputs=inputs)
 
     def add(route: str, cap, fn) -> dict:
         label = route if cap is None else f"{route}@{cap:g}"
-        row = dict(workload="flux-diffusers", route=route, cap_gib=cap)
+        row = dict(workload=f"{args.family}-diffusers", route=route, cap_gib=cap)
         bc.measure_row(row, fn, label, lambda: bc.clear_cap(cuda))
         result["rows"].append(row)
         save()
@@ -220,15 +241,15 @@ def main(argv=None) -> int:
             if "fp8" in routes:
                 add("fp8-noprofile", cap, lambda row, c=cap: ddo_row(row, c, False, None, True))
                 add("fp8-calibration", cap,
-                    lambda row, c=cap: ddo_row(row, c, True, f"w4-fp8-{c:g}", True))
+                    lambda row, c=cap: ddo_row(row, c, True, f"w4-{args.family}-fp8-{c:g}", True))
                 add("fp8-calibrated", cap,
-                    lambda row, c=cap: ddo_row(row, c, False, f"w4-fp8-{c:g}", True))
+                    lambda row, c=cap: ddo_row(row, c, False, f"w4-{args.family}-fp8-{c:g}", True))
             if "dequant" in routes:
                 add("dequant-noprofile", cap,
                     lambda row, c=cap: ddo_row(row, c, False, None, False))
                 add("dequant-calibrated", cap,
-                    lambda row, c=cap: (ddo_row(row, c, True, f"w4-dq-{c:g}", False),
-                                        ddo_row(row, c, False, f"w4-dq-{c:g}", False)))
+                    lambda row, c=cap: (ddo_row(row, c, True, f"w4-{args.family}-dq-{c:g}", False),
+                                        ddo_row(row, c, False, f"w4-{args.family}-dq-{c:g}", False)))
         set_matmul_flag(model, True)
     save()
     log(f"done: {args.out}")

@@ -248,8 +248,16 @@ def quantize_model(model: nn.Module, quantize: str) -> dict[str, str]:
         return {}
     skipped: dict[str, str] = {}
     targets = []
+    # Modules the model declares precision-sensitive (diffusers' and transformers' attribute, matched
+    # as their loaders match it: a component of the module's name). Wan's time embedder is one;
+    # its forward also casts the timestep to its first parameter's dtype.
+    full_precision = list(getattr(model, "_keep_in_fp32_modules", None) or [])
     for name, module in model.named_modules():
         if type(module) is not nn.Linear:  # subclasses (sdnq's, LoRA wrappers) have own forwards
+            continue
+        kept = next((k for k in full_precision if k in name.split(".")), None)
+        if kept is not None:
+            skipped[name] = f"the model keeps it at full precision (_keep_in_fp32_modules: {kept})"
             continue
         reason = torch.ops.ddo.sdnq_quantize_skip(
             quantize, module.out_features, module.in_features, module.weight.dtype

@@ -245,3 +245,31 @@ def test_quantize_keyword_on_a_torchscript_model(quantize):
     offload.remove()
     assert all(torch.equal(p, d) for p, d in zip(traced.parameters(), dense))
     assert not any(ddo._C.is_managed(p) for p in traced.parameters())
+
+
+@torch.no_grad()
+def test_quantize_keeps_the_modules_a_model_keeps_at_full_precision():
+    # diffusers' and transformers' _keep_in_fp32_modules, matched as their loaders match it (a
+    # component of the name): Wan's time embedder is one, and its forward casts the timestep to
+    # its first parameter's dtype, which an fp8 weight would make fp8.
+    class Embedded(Mlp):
+        _keep_in_fp32_modules = ["time_embedder"]
+
+        def __init__(self):
+            super().__init__()
+            self.time_embedder = nn.Sequential(nn.Linear(256, 256), nn.SiLU(), nn.Linear(256, 256))
+
+        def forward(self, x):
+            dtype = next(iter(self.time_embedder.parameters())).dtype
+            return super().forward(x + self.time_embedder(x.to(dtype)))
+
+    model = Embedded().to(torch.bfloat16).eval()
+    x = torch.randn(2, 48, 256, dtype=torch.bfloat16)
+    offload = ddo.enable_offload(model, preset="one_shot_fast", quantize="fp8", **STREAM)
+    kept = offload.report()["quantized_compute"]["kept_dense"]
+    assert kept["time_embedder.0"] == ("the model keeps it at full precision "
+                                       "(_keep_in_fp32_modules: time_embedder)")
+    assert type(model.time_embedder[2]) is nn.Linear
+    assert isinstance(model.blocks[0][0], ddo.sdnq.QuantizedLinear)
+    assert torch.isfinite(model(x)).all()
+    offload.remove()

@@ -80,7 +80,7 @@ struct DynamicOffloadConfig {
   std::vector<std::string> always_resident_modules_pattern = {
       R"((^|\.)(proj_in|time_embed|prompt_adaln|norm_out|proj_out)(\.|$))"};
   /// Tensors up to this size are moved once instead of streamed.
-  std::int64_t small_tensor_threshold_bytes = 16 * 1024;
+  std::int64_t small_tensor_threshold_bytes = std::int64_t{16} * 1024;
 
   ExecutionMode execution_mode = ExecutionMode::kPlan;  ///< plan only, or which runtime streams
   Route route = Route::kDynamic;                        ///< dynamic offload or a classic route
