@@ -50,6 +50,7 @@ struct DemoArgs {
   int steps = 4;
   bool json = false;
   bool verbose = false;
+  std::string quantize;  // "" = dense; "fp8" / "int8": OffloadOptions::quantize
 };
 
 // The model's class as profiles record it: a public name, not the C++ type of the test model.
@@ -283,6 +284,7 @@ adapter::OffloadOptions demo_options(const DemoArgs& args, const std::string& de
   o.build_profile = args.calibrate;
   o.execution_device = device;
   o.model_class = kDemoModelClass;
+  o.quantize = args.quantize;
   // The demo prints the profile's outcome itself (show_profile would add a second, terser line).
   nlohmann::json overrides = {{"show_profile", false}};
   *card = device;
@@ -304,6 +306,17 @@ adapter::OffloadOptions demo_options(const DemoArgs& args, const std::string& de
   }
   o.overrides = overrides;
   return o;
+}
+
+// --quantize: how many Linears compute from quantized copies, by path, and how many stay dense.
+void print_quantized(const nlohmann::json& q) {
+  std::string paths;
+  for (const auto& [path, n] : q["counts"].items()) {
+    paths += fmt::format("{}{} {}", paths.empty() ? "" : ", ", n.get<int>(), path);
+  }
+  std::printf("compute: %s: %zu Linears from quantized copies (%s), %zu kept dense\n",
+              q["quantize"].get<std::string>().c_str(), q["layers"].size(),
+              paths.empty() ? "none" : paths.c_str(), q["kept_dense"].size());
 }
 
 // The outcome for a person: what calibration bought (reuse) or saved (calibration), the run.
@@ -447,6 +460,7 @@ int run_demo(const DemoArgs& args) {
     return 0;
   }
   print_outcome(args, opts, model_bytes, card, profile, summary, benefit, profiles_dir);
+  if (!args.quantize.empty()) print_quantized(report["quantized_compute"]);
   if (args.verbose) print_details(*offload, report, events, step_seconds, args.steps);
   return 0;
 }
@@ -468,6 +482,9 @@ void add_demo_command(CLI::App& app, int& exit_code) {
   demo->add_option("--steps", args->steps, "Forward passes inside the measured region")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  demo->add_option("--quantize", args->quantize,
+                   "Compute the Linears from fp8 or int8 copies (OffloadOptions::quantize)")
+      ->check(CLI::IsMember({"fp8", "int8"}));
   demo->add_flag("--json", args->json, "Print the reports as JSON (the same figures as the text)");
   demo->add_flag("--verbose", args->verbose,
                  "Also print the planner's decisions, setup phases and stream statistics");

@@ -100,4 +100,22 @@ TEST_F(DemoTest, SecondRunKeepsBlocksResidentStreamsLessAndSaysSo) {
       << text.output;
 }
 
+// --quantize: the demo's Linears compute from quantized copies (OffloadOptions::quantize), the
+// report says how, and the text says it in one line.
+TEST_F(DemoTest, QuantizeComputesTheLinearsFromQuantizedCopies) {
+  const std::string args = "demo --profile q --device sim --size tiny --steps 1 --quantize int8";
+  Result run = run_ddo(env(), args + " --calibrate --json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json q = json::parse(run.output)["report"]["quantized_compute"];
+  EXPECT_EQ(q["quantize"], "int8") << q;
+  EXPECT_GT(q["layers"].size(), 0u) << q;
+  EXPECT_EQ(json::parse(run.output)["report"]["execution_mode"], "sdnq_runtime");
+  Result text = run_ddo(env(), args);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("compute: int8: "), std::string::npos) << text.output;
+  Result bad = run_ddo(env(), "demo --profile q --device sim --quantize int4", true);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("int4"), std::string::npos) << bad.output;
+}
+
 }  // namespace
