@@ -8,8 +8,10 @@
 #include <unordered_map>
 #include <utility>
 
+#include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
 
+#include "ddo/core/mapped_file.h"
 #include "ddo/core/status.h"
 #include "ddo/sdnq/quantize.h"
 #include "ddo/sdnq/quantize_model.h"
@@ -40,9 +42,11 @@ namespace ddo::adapter::internal {
 // values, never zeros. They are also what remove() gives back, so the model is unchanged after
 // it, and where an in-place write (a LoRA fuse) lands: the gate sees the version change and
 // quantizes the layer again from them (requantize). The cost is host memory: the dense model and
-// its quantized copy. With the loader's checkpoint, the dense weight of each Linear quantized is
-// read into ordinary memory first (the other tensors go straight into the plan's memory), and the
-// copy in the tree is never read from the files.
+// its quantized copy. With the loader's checkpoint the dense bytes cost no memory of their own:
+// the placeholder points into the checkpoint file, mapped copy-on-write as the disk tier maps it
+// (page cache; a write gets a private page), unless the file holds another dtype, in which case
+// it is read into ordinary memory once. The copy in the tree is never read from the files, and
+// remove() gives the model weights with memory of their own.
 
 namespace {
 
@@ -74,6 +78,34 @@ const char* skip_reason(const at::Tensor& w,
   return nullptr;
 }
 
+// The checkpoint files that dense weights of quantized Linears point into, each mapped
+// copy-on-write once; the tensors over them keep this alive.
+struct MappedCheckpoint {
+  std::map<int, core::MappedFile> files;
+};
+
+// The loader's tensor `name` as `like` (a placeholder) looks: a CPU tensor over the checkpoint
+// file itself, mapped copy-on-write as the disk tier maps it (Note [Disk-tier storage] in
+// attach_plan.cpp), when the file holds it in `like`'s dtype and aligned (`*mapped`); else read
+// into ordinary memory.
+at::Tensor dense_from_checkpoint(const OffloadState& s, const std::string& name,
+                                 const at::Tensor& like, std::shared_ptr<MappedCheckpoint>& files,
+                                 bool* mapped) {
+  const core::CheckpointTensor& t = s.weights->find(name);
+  const auto element = static_cast<std::uint64_t>(like.element_size());
+  *mapped = to_scalar_type(t.dtype) == like.scalar_type() && t.offset % element == 0;
+  if (!*mapped) return s.weights->read_cpu(name, like, s.record_event);
+  if (!files) files = std::make_shared<MappedCheckpoint>();
+  auto [it, fresh] = files->files.try_emplace(t.file);
+  if (fresh) {
+    throw_if_error(
+        core::MappedFile::map_private(s.weights->checkpoint().files[t.file], &it->second));
+  }
+  return at::from_blob(
+      it->second.data() + t.offset, like.sizes(), [files](void*) {},
+      at::TensorOptions().dtype(like.scalar_type()));
+}
+
 }  // namespace
 
 void quantize_linears(OffloadState& s, const OffloadOptions& options) {
@@ -82,6 +114,7 @@ void quantize_linears(OffloadState& s, const OffloadOptions& options) {
   s.quantize = *type == sdnq::QuantType::kFloat8E4M3 ? "fp8" : "int8";
   const sdnq::QuantizeOptions quantize_options = sdnq::quantize_model_options(*type);
   const auto uses = storage_uses(s.tree);
+  std::shared_ptr<MappedCheckpoint> files;
   at::AutoGradMode no_grad(false);
   for (std::size_t e = 0; e < s.tree.entries.size(); ++e) {
     ModuleEntry& entry = s.tree.entries[e];
@@ -104,9 +137,8 @@ void quantize_linears(OffloadState& s, const OffloadOptions& options) {
     q.original_device = weight.device();
     q.requires_grad = weight.requires_grad();
     if (s.weights && is_placeholder(weight)) {
-      // The loader's checkpoint: the dense weight is read once into ordinary memory, where the
-      // placeholder's bytes live; the copy is what the plan places.
-      q.host = s.weights->read_cpu(slot_name(entry, entry.tensors[w]), weight, s.record_event);
+      q.host =
+          dense_from_checkpoint(s, slot_name(entry, entry.tensors[w]), weight, files, &q.mapped);
     } else {
       q.host = weight.device().is_cpu() ? weight.detach() : weight.detach().to(c10::kCPU);
     }
@@ -163,7 +195,13 @@ std::vector<at::Tensor> quantized_weights_back(const OffloadState& s) {
   back.reserve(s.quantized.size());
   for (const QuantizedLinear& q : s.quantized) {
     if (!q.handle.defined()) continue;  // given back by an earlier remove()
-    back.push_back(q.original_device.is_cpu() ? q.host : q.host.to(q.original_device));
+    // A weight over the checkpoint's mapping gets its own memory back: the model no longer
+    // depends on the file once the offload is gone.
+    if (q.mapped) {
+      back.push_back(q.host.clone());
+    } else {
+      back.push_back(q.original_device.is_cpu() ? q.host : q.host.to(q.original_device));
+    }
   }
   return back;
 }

@@ -54,6 +54,7 @@ struct QuantizedLinear {
   at::Tensor host;        // its values in host memory, contiguous (the placeholder's bytes)
   c10::Device original_device = c10::Device(c10::kCPU);
   bool requires_grad = false;
+  bool mapped = false;  // `host` points into the loader's checkpoint file (mapped copy-on-write)
   std::vector<std::int64_t> layout_code;
   std::shared_ptr<const QuantizedDense> served;  // set once the placeholder is installed
 };

@@ -230,6 +230,37 @@ TEST(QuantizeOption, TheLoaderReadsTheDenseWeightsThenTheCopyIsWhatStreams) {
   EXPECT_TRUE(at::equal(net->up->weight, up_weight));
 }
 
+TEST(QuantizeOption, DenseWeightsInTheCheckpointsDtypePointIntoTheFile) {
+  torch::manual_seed(6);
+  Net net;
+  net->to(at::kFloat);  // the file's dtype: no conversion, so the placeholders map the file
+  const at::Tensor x = at::randn({48, 64});
+  const at::Tensor expected = reference(net, sdnq::QuantType::kInt8, x);
+  const at::Tensor dense = run(net, x);
+  TempDir dir;
+  const std::string file = (dir.path() / "net.safetensors").string();
+  test::write_safetensors(file, test::state_of(*net));
+  std::int64_t file_bytes = 0;
+  for (const at::Tensor& p : net->parameters()) file_bytes += p.numel() * p.element_size();
+  const at::Tensor up_weight = net->up->weight.detach().clone();
+  release_weights(*net);
+  LoadOptions load;
+  load.path = file;
+  auto offload = load_with_offload(*net, load, quantize_options(dir, "int8"));
+  // The two quantized dense weights were not read through the loader: they are the file's pages.
+  const std::int64_t mapped = 2 * 64 * 256 * 4;
+  EXPECT_EQ(offload->report().at("setup").at("load").at("bytes").get<std::int64_t>(),
+            file_bytes - mapped);
+  EXPECT_TRUE(at::equal(net->up->weight, up_weight));
+  const at::Tensor y = run(net, x);
+  EXPECT_TRUE(at::allclose(y, expected, 1e-4, 1e-4)) << (y - expected).abs().max();
+  offload->remove();
+  // Memory of its own again, with the same values, after the file is gone.
+  std::filesystem::remove(file);
+  EXPECT_TRUE(at::equal(net->up->weight, up_weight));
+  EXPECT_TRUE(at::equal(run(net, x), dense));
+}
+
 TEST(QuantizeOption, TiedWeightsStayDense) {
   Net net;
   net->down->weight.set_data(net->up->weight.detach().t());  // shares up's memory

@@ -228,7 +228,10 @@ inline void write_safetensors(const std::string& path,
     header[name] = {
         {"dtype", "F32"}, {"shape", c.sizes().vec()}, {"data_offsets", {begin, data.size()}}};
   }
-  const std::string text = header.dump();
+  // Padded with spaces to a multiple of 8 bytes, as the safetensors library writes it, so the
+  // tensors' data stays aligned in the file.
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
   const std::uint64_t n = text.size();
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&n), 8);

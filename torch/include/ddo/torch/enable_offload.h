@@ -100,8 +100,9 @@ struct OffloadOptions {
   /// report()["quantized_compute"] names each layer's path and why, and the Linears kept dense.
   /// A named profile's identity does not include the quantization: a bf16 and an fp8 run under
   /// one name share its budget (recalibrate, or use another name). "" or "none": no quantization.
-  /// With the loader (load_with_offload), each quantized Linear's dense weight is read from the
-  /// checkpoint into host memory first.
+  /// With the loader (load_with_offload), a quantized Linear's dense weight points into the
+  /// checkpoint file (mapped copy-on-write: page cache, no memory of its own) where the file
+  /// holds it in the model's dtype, and is read into host memory otherwise.
   std::string quantize;
 };
 
