@@ -220,12 +220,14 @@ class Stages:
             torch.cuda.synchronize()
         entry["seconds"] = time.perf_counter() - start
         for sub, offload in self._loaded:
-            r = offload.report()
-            entry["read_bytes"] += r["setup"].get("load", {}).get("bytes", 0)
-            entry["disk_bytes_read"] += r.get("run", {}).get("disk_bytes_read", 0)
-            entry["streamed_bytes"] += r.get("run", {}).get("bytes_streamed", 0)
-            self.meter.drop(sub)
+            # Removed first: its disk tier's reader threads may still be reading ahead, and the
+            # totals after remove() are final, so the stage and the meter see the same figures.
             offload.remove()
+            totals = offload.counters()
+            entry["read_bytes"] += offload.report()["setup"].get("load", {}).get("bytes", 0)
+            entry["disk_bytes_read"] += totals["disk_bytes_read"]
+            entry["streamed_bytes"] += totals["bytes_streamed"]
+            self.meter.drop(sub)
         self._loaded.clear()
         offloads.clear()
         gc.collect()

@@ -230,6 +230,12 @@ class OffloadResult:
     def reset_run_stats(self) -> None:
         self._native.reset_run_stats()
 
+    def counters(self) -> dict[str, int]:
+        """The running totals without building the report: ``bytes_streamed``,
+        ``disk_bytes_read``, ``file_bytes_read``; after ``remove()``, the totals the run ended
+        with (its disk reads finished)."""
+        return self._native.counters()
+
     def _check_active(self) -> None:
         if not self._native.active and self._native.report().get("executing", False):
             raise RuntimeError("this offload was removed; call enable_offload again")

@@ -46,7 +46,8 @@ class GenerationMeter:
         self._meter.add_offload(name, offload._native if offload is not None else None)
 
     def drop(self, name: str) -> None:
-        """Keeps what component ``name`` streamed so far; call it before ``offload.remove()``."""
+        """Keeps what component ``name`` streamed; after ``offload.remove()`` that is the totals
+        the run ended with (its disk tier's reads finished)."""
         self._meter.drop_offload(name)
 
     def begin_stage(self, name: str) -> None:

@@ -375,7 +375,19 @@ void bind_offload_handle(py::module_& m) {
       .def("plan", [](const adapter::Offload& o) { return from_json(o.plan().to_json()); })
       .def("settings", [](const adapter::Offload& o) { return o.settings(); })
       .def("device", &adapter::Offload::device)
-      .def("reset_run_stats", &adapter::Offload::reset_run_stats);
+      .def("reset_run_stats", &adapter::Offload::reset_run_stats)
+      .def(
+          "counters",
+          [](const adapter::Offload& o) {
+            const adapter::Offload::Counters c = o.counters();
+            py::dict out;
+            out["bytes_streamed"] = c.bytes_streamed;
+            out["disk_bytes_read"] = c.disk_bytes_read;
+            out["file_bytes_read"] = c.file_bytes_read;
+            return out;
+          },
+          "The running totals (Offload::counters): bytes_streamed, disk_bytes_read, "
+          "file_bytes_read; after remove(), the totals the run ended with.");
 
   m.def(
       "enable_offload_tree",
