@@ -7,8 +7,8 @@ face over ``OffloadResult`` objects.
         te = ddo.enable_offload(text_encoder, ...)
         meter.add("text_encoder", te)
         embeds = text_encoder(ids)
-        meter.drop("text_encoder")                # keep its figures, then release it
         te.remove()
+        meter.drop("text_encoder")                # keep its figures: the totals it ended with
     ...
     report = meter.finish()   # {"seconds", "stages": [{"name", "seconds", "calls"}], "bytes_streamed",
                               #  "disk_bytes_read", "components", "peak_vram_gb", "peak_rss_gb", ...}

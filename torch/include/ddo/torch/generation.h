@@ -70,8 +70,9 @@ class GenerationMeter {
   /// name dropped before counts on in the same entry (a component released and attached again);
   /// throws for a name whose offload is still read.
   void add_offload(const std::string& name, const Offload* offload);
-  /// Stops reading `offload` of component `name`, keeping what it streamed and read so far:
-  /// call it before removing an offload the meter reads (Offload::remove() ends its counters).
+  /// Stops reading `offload` of component `name`, keeping what it streamed and read so far.
+  /// After Offload::remove() (the handle still alive) that is the totals the run ended with,
+  /// the disk tier's read-ahead included; call it before the handle is destroyed.
   void drop_offload(const std::string& name);
 
   /// Begins a stage (synchronizes the device first). Stages may nest; a stage begun again
