@@ -167,7 +167,6 @@ void install_quantized_weights(OffloadState& s) {
     info->packed = entry.tensors[q.slot].tensor;
     info->scale = entry.tensors[q.slot + 1].tensor;
     info->layout_code = q.layout_code;
-    info->type = sdnq::Layout::decode(q.layout_code).type;
     info->dense = q.host;
     info->kind = s.kind;
     info->execution_device = s.torch_device;

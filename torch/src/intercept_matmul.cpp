@@ -37,14 +37,18 @@ at::Tensor addmm_cpu(const at::Tensor& self, const at::Tensor& mat1, const at::T
 
 at::Tensor mm_cpu(const at::Tensor& self, const at::Tensor& mat2) {
   if (C10_LIKELY(!any_managed(self, mat2))) return at::cpu::mm(self, mat2);
-  if (at::Tensor y = try_quantized_mm(DeviceKind::kSim, self, mat2); y.defined()) return y;
+  if (at::Tensor y = try_quantized_matmul(DeviceKind::kSim, /*batched=*/false, self, mat2);
+      y.defined())
+    return y;
   StageScope scope(DeviceKind::kSim, "mm");
   return at::cpu::mm(scope.stage(self), scope.stage(mat2));
 }
 
 at::Tensor bmm_cpu(const at::Tensor& self, const at::Tensor& mat2) {
   if (C10_LIKELY(!any_managed(self, mat2))) return at::cpu::bmm(self, mat2);
-  if (at::Tensor y = try_quantized_bmm(DeviceKind::kSim, self, mat2); y.defined()) return y;
+  if (at::Tensor y = try_quantized_matmul(DeviceKind::kSim, /*batched=*/true, self, mat2);
+      y.defined())
+    return y;
   StageScope scope(DeviceKind::kSim, "bmm");
   return at::cpu::bmm(scope.stage(self), scope.stage(mat2));
 }
@@ -65,14 +69,18 @@ at::Tensor addmm_cuda(const at::Tensor& self, const at::Tensor& mat1, const at::
 
 at::Tensor mm_cuda(const at::Tensor& self, const at::Tensor& mat2) {
   if (C10_LIKELY(!any_managed(self, mat2))) return at::cuda::mm(self, mat2);
-  if (at::Tensor y = try_quantized_mm(DeviceKind::kCuda, self, mat2); y.defined()) return y;
+  if (at::Tensor y = try_quantized_matmul(DeviceKind::kCuda, /*batched=*/false, self, mat2);
+      y.defined())
+    return y;
   StageScope scope(DeviceKind::kCuda, "mm");
   return at::cuda::mm(scope.stage(self), scope.stage(mat2));
 }
 
 at::Tensor bmm_cuda(const at::Tensor& self, const at::Tensor& mat2) {
   if (C10_LIKELY(!any_managed(self, mat2))) return at::cuda::bmm(self, mat2);
-  if (at::Tensor y = try_quantized_bmm(DeviceKind::kCuda, self, mat2); y.defined()) return y;
+  if (at::Tensor y = try_quantized_matmul(DeviceKind::kCuda, /*batched=*/true, self, mat2);
+      y.defined())
+    return y;
   StageScope scope(DeviceKind::kCuda, "bmm");
   return at::cuda::bmm(scope.stage(self), scope.stage(mat2));
 }

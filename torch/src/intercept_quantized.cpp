@@ -78,29 +78,20 @@ at::Tensor try_quantized_addmm(engine::DeviceKind kind, const at::Tensor& self,
   return quantized_linear(kind, "addmm", mat1, *q, self);
 }
 
-at::Tensor try_quantized_mm(engine::DeviceKind kind, const at::Tensor& self,
-                            const at::Tensor& mat2) {
+at::Tensor try_quantized_matmul(engine::DeviceKind kind, bool batched, const at::Tensor& self,
+                                const at::Tensor& mat2) {
   const QuantizedDense* q = quantized_of(mat2);
-  if (q == nullptr || quantized_of(self) != nullptr || !reads_transposed_weight(mat2, *q, false) ||
-      self.scalar_type() != q->dense.scalar_type()) {
+  if (q == nullptr || quantized_of(self) != nullptr ||
+      !reads_transposed_weight(mat2, *q, batched) || self.scalar_type() != q->dense.scalar_type()) {
     return {};
   }
-  return quantized_linear(kind, "mm", self, *q, at::Tensor());
-}
-
-at::Tensor try_quantized_bmm(engine::DeviceKind kind, const at::Tensor& self,
-                             const at::Tensor& mat2) {
-  const QuantizedDense* q = quantized_of(mat2);
-  if (q == nullptr || quantized_of(self) != nullptr || !reads_transposed_weight(mat2, *q, true) ||
-      self.scalar_type() != q->dense.scalar_type()) {
-    return {};
-  }
-  return quantized_linear(kind, "bmm", self, *q, at::Tensor());
+  return quantized_linear(kind, batched ? "bmm" : "mm", self, *q, at::Tensor());
 }
 
 void requantize(const QuantizedDense& q) {
   at::AutoGradMode no_grad(false);
-  auto [weights, layout] = sdnq::quantize(q.dense, sdnq::quantize_model_options(q.type));
+  const sdnq::QuantType type = sdnq::Layout::decode(q.layout_code).type;
+  auto [weights, layout] = sdnq::quantize(q.dense, sdnq::quantize_model_options(type));
   TORCH_CHECK(layout.encode() == q.layout_code, "ddo: ", q.name,
               " was changed in place and no longer quantizes to the layout it was placed with");
   q.packed.copy_(weights.weight);

@@ -22,7 +22,6 @@ struct QuantizedDense {
   at::Tensor packed;
   at::Tensor scale;
   std::vector<std::int64_t> layout_code;  // sdnq::Layout::encode()
-  sdnq::QuantType type = sdnq::QuantType::kInt8;
   // The model's dense weight in host memory, contiguous: the placeholder's bytes, what reads
   // outside the intercepted ops see, and what an in-place change is quantized from again.
   at::Tensor dense;
@@ -49,10 +48,9 @@ at::Tensor quantized_linear(engine::DeviceKind kind, const char* op, const at::T
 at::Tensor try_quantized_addmm(engine::DeviceKind kind, const at::Tensor& self,
                                const at::Tensor& mat1, const at::Tensor& mat2,
                                const c10::Scalar& beta, const c10::Scalar& alpha);
-at::Tensor try_quantized_mm(engine::DeviceKind kind, const at::Tensor& self,
-                            const at::Tensor& mat2);
-at::Tensor try_quantized_bmm(engine::DeviceKind kind, const at::Tensor& self,
-                             const at::Tensor& mat2);
+// mm, or bmm when `batched`.
+at::Tensor try_quantized_matmul(engine::DeviceKind kind, bool batched, const at::Tensor& self,
+                                const at::Tensor& mat2);
 
 // Quantizes the placeholder's host bytes again after an in-place change and writes the result
 // into the placed quantized tensors (Note [Weights changed in place]).
