@@ -13,6 +13,7 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w2         # build, then W2 (scripts/gpu-w2.sh: sdnq models, $OUT/w2/)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh cards      # build, device code per library, SDNQ tests under PTX JIT
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testw4     # build, GPU tests, W4 (quantized compute, $OUT/w4.json)
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh testprofile  # build, GPU tests, W4's kernel table
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan,
 #       DDO_W6_CAPS 8,16, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
 #       diffusers-group-leaf; DDO_W6_NO_RESIDENT=1 skips the reference row; rows are saved as
@@ -279,6 +280,28 @@ w4() {
   return $rc
 }
 
+# W4's kernel table (bench/python/w4_profile.py): the GEMM variants per shape, bf16 and fp8
+# resident steps, one profiled step of each by kernel category; DDO_PROFILE_FAMILIES (flux,wan).
+profile() {
+  if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: profile step needs the ddo Python package"; return 1; fi
+  install_wheels
+  local size=${DDO_W1_SIZE:-full} dev=() fam rc=0
+  [ "$HAVE_GPU" = 0 ] && { size=${DDO_W1_SIZE:-tiny}; dev=(--device sim); }
+  for fam in $(echo "${DDO_PROFILE_FAMILIES:-flux,wan}" | tr ',' ' '); do
+    local left=$((570 - ($(date +%s) - T_START) - 20))
+    [ $left -lt 30 ] && { say "w4_profile $fam: no time left"; rc=1; break; }
+    echo "== w4_profile $fam" >>"$LOG"
+    # shellcheck disable=SC2086
+    timeout "$left" "$PY" "$ROOT/bench/python/w4_profile.py" --family "$fam" --size "$size" \
+      "${dev[@]}" --out "$OUT/w4-profile-$fam.json" --commit "$DDO_COMMIT" ${DDO_PROFILE_ARGS:-} \
+      2>&1 | tee -a "$LOG" | grep -E "gemm |resident|profiled|  [a-z_0-9]+ +[0-9.]+ ms" >>"$SUMMARY"
+    local r=${PIPESTATUS[0]}
+    say "w4_profile $fam rc=$r"
+    [ $r -eq 0 ] || rc=$r
+  done
+  return $rc
+}
+
 # W6 (docs/benchmarks.md): whole generations with examples/python/generate.py, a cold process per row
 # (bench/python/w6_generation.py): all resident, then ddo at each cap with host RAM capped. The
 # random folder is written once under DDO_W6_DIR and kept between calls of a warm machine.
@@ -412,6 +435,8 @@ case "$MODE" in
   w4) build && w4 ;;
   testw4) build && { DDO_GPU_TESTS_ONLY=1 run_tests; w4; } ;;
   w6) build && w6 ;;
+  profile) build && profile ;;
+  testprofile) build && { DDO_GPU_TESTS_ONLY=1 DDO_SKIP_PYTEST=1 run_tests; profile; } ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;
   # SDNQ in one call: build, the GPU tests (kernels, streamed units, probe lifecycle), pytest,

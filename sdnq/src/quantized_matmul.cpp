@@ -207,7 +207,11 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_reference(const at::Tensor& x, Q
             to_string(type));
   const double qmax = type == QuantType::kInt8 ? 127.0 : 448.0;
   const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor scale = at::div(at::amax(at::abs(xf), {1}), qmax);
+  // qmax as a tensor on x's device, not a scalar: ATen's CUDA division by a host scalar
+  // multiplies by its rounded reciprocal, which differs from one correctly rounded division
+  // in the last bit for some values (Note [Bit-equal quantized matmul steps]).
+  const at::Tensor scale =
+      at::div(at::amax(at::abs(xf), {1}), at::scalar_tensor(qmax, xf.options()));
   const at::Tensor divisor = at::where(scale == 0, at::ones_like(scale), scale);
   const at::Tensor v = at::div(xf, divisor.unsqueeze(1));
   at::Tensor q = type == QuantType::kInt8 ? at::round(v).clamp(-qmax, qmax).to(at::kChar)

@@ -56,7 +56,7 @@ TEST(QuantizeOptionGpu, StreamedQuantizedCopiesGiveTheResidentQuantizedLayersOut
     DenseStack model(4, 512);
     const at::Tensor x = at::randn({2, 128, 512}).to(at::kBFloat16).to(kCuda);
     // The reference: the same quantization through ddo's SDNQ layers, resident on the card.
-    at::Tensor ref;
+    at::Tensor ref, ref_first;
     {
       const sdnq::QuantizeOptions opt = sdnq::quantize_model_options(type);
       torch::NoGradGuard ng;
@@ -66,6 +66,7 @@ TEST(QuantizeOptionGpu, StreamedQuantizedCopiesGiveTheResidentQuantizedLayersOut
         sdnq::SdnqLinear up(*block->up, opt), down(*block->down, opt);
         up->to(kCuda);
         down->to(kCuda);
+        if (!ref_first.defined()) ref_first = up(h).cpu();
         h = h + down(at::gelu(up(h)));
       }
       ref = h.cpu();
@@ -89,13 +90,26 @@ TEST(QuantizeOptionGpu, StreamedQuantizedCopiesGiveTheResidentQuantizedLayersOut
     EXPECT_EQ(q.at("layers").at("blocks.0.up").at("path"),
               gemm ? (type == sdnq::QuantType::kInt8 ? "int8_gemm" : "fp8_gemm") : "dequantize")
         << q.dump();
+    {
+      // One layer on the same input: the same quantized tensors and kernels.
+      torch::NoGradGuard ng;
+      const at::Tensor first = model->blocks[0]->as<DenseBlockImpl>()->up(x).cpu();
+      EXPECT_TRUE(at::equal(first, ref_first))
+          << o.quantize << " first layer: max " << (first - ref_first).abs().max().item<float>()
+          << ", relative L2 "
+          << ((first.to(at::kFloat) - ref_first.to(at::kFloat)).norm() /
+              ref_first.to(at::kFloat).norm())
+                 .item<float>();
+    }
     for (int step = 0; step < 3; ++step) {
       torch::NoGradGuard ng;
       const at::Tensor y = model->forward(x).cpu();
       // The same quantized tensors and kernels; torch's linear may add the bias after the GEMM
       // instead of in its epilogue, so equal up to bf16 rounding.
       EXPECT_TRUE(at::allclose(y, ref, 2e-2, 2e-2))
-          << o.quantize << " step " << step << " " << (y - ref).abs().max();
+          << o.quantize << " step " << step << " " << (y - ref).abs().max() << " relative L2 "
+          << ((y.to(at::kFloat) - ref.to(at::kFloat)).norm() / ref.to(at::kFloat).norm())
+                 .item<float>();
     }
     EXPECT_GT(offload->report().at("run").at("bytes_streamed").get<std::int64_t>(), 0);
     offload->remove();

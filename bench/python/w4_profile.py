@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""W4's kernel table: where a quantized step's time goes, kernel by kernel.
+
+One process, all resident (no offload: the step's compute, which is what W4's fp8 rows are bound
+by). For the family's transformer (bench_common's FLUX.1-dev or Wan 2.1-14B dimensions, random
+bf16 weights):
+
+  gemm     per Linear shape at the step's token count: bf16 F.linear; the layer's quantized
+           forward (ddo::sdnq_linear: activation quantization + GEMM + epilogue); and
+           torch._scaled_mm alone with row-wise and tensor-wise scales, each with and without
+           fast accumulation: what the card's fp8 GEMM costs apart from what ddo adds
+  steps    bf16 resident, then fp8 resident (ddo.sdnq.quantize_model(model, "fp8")): median
+           step seconds and the output against bf16 (relative L2, cosine)
+  kernels  one profiled step of each: GPU time per kernel category (bf16 GEMM, fp8 GEMM,
+           activation quantization, attention, copies, the rest), kernel count, GPU-busy
+           seconds against the step's wall seconds (the gap is host time the GPU waited for)
+
+  python bench/python/w4_profile.py --family flux --out w4-profile-flux.json
+  python bench/python/w4_profile.py --size tiny --device sim --out /tmp/p.json  # CPU smoke
+
+The JSON holds every figure and the top kernels by name; the log prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+from bench_common import SIZES  # noqa: E402
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[w4-profile {time.time() - T0:7.1f}s] {msg}", flush=True)
+
+
+bc.set_logger(log)
+
+FLUX_SHAPES = [(3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072, 15360),
+               (18432, 3072), (9216, 3072)]
+WAN_SHAPES = [(5120, 5120), (13824, 5120), (5120, 13824), (5120, 4096)]
+
+# Kernel categories by name, first match wins (lower-case substrings).
+CATEGORIES = [
+    ("quantize_rows", ("quantize_rows",)),
+    ("int8_epilogue", ("int8_epilogue",)),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+    ("gemm_fp8", ("f8", "fp8", "e4m3", "scaled_mm")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "sm80_", "cublas")),
+    ("copy", ("memcpy", "memset", "copy_kernel", "copy_")),
+    ("elementwise", ("elementwise", "vectorized", "reduce", "norm", "softmax", "cat", "index")),
+]
+
+
+def category(name: str) -> str:
+    n = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in n for k in keys):
+            return cat
+    return "other"
+
+
+def time_ms(fn, cuda: bool, reps: int = 20) -> float:
+    fn()
+    bc.sync(cuda)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        bc.sync(cuda)
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
+    import torch
+    import ddo
+
+    dev = "cuda" if cuda else "cpu"
+    rows = []
+    x = torch.randn(tokens, max(i for _, i in shapes), device=dev, dtype=torch.bfloat16)
+    for out_f, in_f in shapes:
+        lin = torch.nn.Linear(in_f, out_f).to(torch.bfloat16)
+        q = ddo.sdnq.quantize_linear(lin, "float8_e4m3fn", 0, quantized_matmul=True).to(dev)
+        dense = lin.to(dev)
+        xi = x[:, :in_f].contiguous()
+        row = dict(out=out_f, inp=in_f, tokens=tokens)
+        flops = 2.0 * tokens * in_f * out_f
+        with torch.no_grad():
+            row["bf16_ms"] = time_ms(lambda: dense(xi), cuda)
+            row["layer_fp8_ms"] = time_ms(lambda: q(xi), cuda)
+            if cuda:
+                # The GEMM alone on pre-quantized operands.
+                xs = (xi.float().abs().amax(1, keepdim=True) / 448.0).clamp_min(1e-12)
+                xq = (xi.float() / xs).to(torch.float8_e4m3fn)
+                wq = q.weight.t()  # [K, N] column-major view of the [N, K] rows
+                ws = q.scale.reshape(1, -1).float()
+                one = torch.ones((), device=dev)
+                b = q.bias
+                for fast in (False, True):
+                    tag = "fast" if fast else "exact"
+                    row[f"rowwise_{tag}_ms"] = time_ms(
+                        lambda f=fast: torch._scaled_mm(xq, wq, xs, ws, bias=b,
+                                                        out_dtype=torch.bfloat16,
+                                                        use_fast_accum=f), cuda)
+                    row[f"tensorwise_{tag}_ms"] = time_ms(
+                        lambda f=fast: torch._scaled_mm(xq, wq, one, one, bias=b,
+                                                        out_dtype=torch.bfloat16,
+                                                        use_fast_accum=f), cuda)
+                row["quantize_torch_ms"] = time_ms(
+                    lambda: (xi.float() / (xi.float().abs().amax(1, keepdim=True) / 448.0))
+                    .to(torch.float8_e4m3fn), cuda)
+        for k in list(row):
+            if k.endswith("_ms") and row[k]:
+                row[k.replace("_ms", "_tflops")] = flops / (row[k] * 1e-3) / 1e12
+        log("gemm %dx%d: " % (out_f, in_f) + ", ".join(
+            f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")))
+        rows.append(row)
+    return rows
+
+
+def profile_step(model, inputs: dict, cuda: bool) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.no_grad():
+        model(**inputs, return_dict=False)
+        bc.sync(cuda)
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            model(**inputs, return_dict=False)
+            bc.sync(cuda)
+            wall = time.perf_counter() - t0
+    kernels: dict = {}
+    for ev in prof.events():
+        dev_type = str(getattr(ev, "device_type", ""))
+        if cuda and "CUDA" not in dev_type:
+            continue
+        t = getattr(ev, "device_time", None)
+        if t is None:
+            t = getattr(ev, "cuda_time", 0.0)
+        if not cuda:
+            if ev.cpu_parent is not None:
+                continue
+            t = ev.cpu_time
+        k = kernels.setdefault(ev.name, [0, 0.0])
+        k[0] += 1
+        k[1] += t
+    cats: dict = {}
+    for name, (n, us) in kernels.items():
+        c = cats.setdefault(category(name), dict(count=0, ms=0.0))
+        c["count"] += n
+        c["ms"] += us / 1e3
+    busy = sum(c["ms"] for c in cats.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:25]
+    return dict(wall_s_profiled=wall, gpu_busy_ms=busy,
+                kernel_count=sum(c["count"] for c in cats.values()),
+                categories={k: dict(v, share=v["ms"] / busy if busy else 0.0) for k, v in cats.items()},
+                top=[dict(name=n[:160], count=c, ms=us / 1e3, category=category(n))
+                     for n, (c, us) in top])
+
+
+def print_profile(label: str, p: dict) -> None:
+    log(f"{label}: profiled step {p['wall_s_profiled']:.4f} s wall, GPU busy "
+        f"{p['gpu_busy_ms']:.1f} ms, {p['kernel_count']} kernels")
+    for cat, v in sorted(p["categories"].items(), key=lambda kv: -kv[1]["ms"]):
+        log(f"  {cat:14s} {v['ms']:9.2f} ms {100 * v['share']:5.1f} %  ({v['count']} kernels)")
+    for t in p["top"][:12]:
+        log(f"    {t['ms']:8.2f} ms x{t['count']:<5d} [{t['category']}] {t['name'][:110]}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=("flux", "wan"), default="flux")
+    p.add_argument("--size", choices=sorted(SIZES), default="full")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--skip-gemm", action="store_true")
+    p.add_argument("--out", default="w4-profile.json")
+    p.add_argument("--commit")
+    args = p.parse_args(argv)
+    import torch
+    import ddo
+
+    cuda = bc.use_cuda(args.device)
+    if cuda is None:
+        return 2
+    wan = args.family == "wan"
+    dev = "cuda" if cuda else "cpu"
+    result = dict(benchmark="w4-profile", family=args.family, size=args.size, steps=args.steps,
+                  device=dev, command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  commit=args.commit or bc.default_commit(),
+                  utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    result.update(bc.machine_facts(cuda))
+
+    def save() -> None:
+        bc.write_atomic(args.out, json.dumps(result, indent=1, default=str))
+
+    if wan:
+        frames, h, w = bc.WAN_SIZES[args.size]["latent"]
+        tokens = frames * (h // 2) * (w // 2)
+        shapes = WAN_SHAPES
+    else:
+        grid = SIZES[args.size]["grid"]
+        tokens = grid[0] * grid[1] + SIZES[args.size]["txt"]
+        shapes = FLUX_SHAPES
+    if args.size != "full":
+        shapes = [(512, 512), (2048, 512)]
+    result["tokens"] = tokens
+    if not args.skip_gemm:
+        result["gemm"] = gemm_rows(cuda, tokens, shapes)
+        save()
+
+    model, _, _, _ = bc.build_model(args.size, dev, args.family)
+    model.to(dev)
+    inputs = (bc.make_wan_inputs(args.size, dev) if wan else
+              bc.make_inputs(args.size, dev, bool(model.config.guidance_embeds)))
+    first, times, finite, ref = bc.run_steps_out(model, inputs, args.steps, cuda)
+    result["bf16_step_s"] = sorted(times)[len(times) // 2]
+    log(f"bf16 resident: {result['bf16_step_s']:.4f} s per step")
+    result["bf16_profile"] = profile_step(model, inputs, cuda)
+    print_profile("bf16", result["bf16_profile"])
+    save()
+
+    skipped = ddo.sdnq.quantize_model(model, "fp8")
+    model.to(dev)
+    result["fp8_kept_dense"] = skipped
+    first, times, finite, out = bc.run_steps_out(model, inputs, args.steps, cuda)
+    result["fp8_step_s"] = sorted(times)[len(times) // 2]
+    result.update({f"fp8_{k}": v for k, v in bc.output_vs_reference(out, ref).items()})
+    log(f"fp8 resident: {result['fp8_step_s']:.4f} s per step "
+        f"({result['fp8_step_s'] / result['bf16_step_s']:.3f}x bf16), rel_l2 {result.get('fp8_rel_l2')}")
+    result["fp8_profile"] = profile_step(model, inputs, cuda)
+    print_profile("fp8", result["fp8_profile"])
+    save()
+    log(f"done: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
