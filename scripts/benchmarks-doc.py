@@ -138,6 +138,27 @@ def render() -> str:
             continue
         folder, docs = found
         out += [run_line(folder), "", bench_tables.table(docs).rstrip(), ""]
+    out += ["## W4: quantized compute (`quantize=\"fp8\"` / `\"int8\"`)", "",
+            "The W1-py transformer (FLUX.1-dev size) and Wan 2.1-14B's transformer (480x832, 21 "
+            "frames) with their Linears computed by the card's fp8 or int8 GEMM: bf16 resident, "
+            "quantized resident, and fp8 under ddo at each cap; the output against the bf16 "
+            "model's. The kernel tables (`bench/python/w4_profile.py`) show where one resident "
+            "step's GPU time goes, by kernel category, and each Linear shape's GEMM variants.", ""]
+    found_any = False
+    for fam in ("flux", "wan"):
+        found = documents(f"w4*{fam}*.json" if fam == "wan" else "w4.json", ("w4",))
+        if found is not None:
+            found_any = True
+            folder, docs = found
+            out += [run_line(folder), ""] + [bench_tables.w4_table(d).rstrip() + "\n" for d in docs]
+        found = documents(f"w4-profile-{fam}*.json", ("w4-profile",))
+        if found is not None:
+            found_any = True
+            folder, docs = found
+            out += [run_line(folder), ""]
+            out += [bench_tables.w4_profile_table(d).rstrip() + "\n" for d in docs]
+    if not found_any:
+        out += ["No run in `bench/results/` yet.", ""]
     found = documents("load*.json", ("w1-py-from-disk",))
     out += ["## Loading from disk: the W1-py transformer from safetensors shards", "",
             "A fresh process per row reads the sharded checkpoint and attaches (`cold`: the files "

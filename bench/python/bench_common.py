@@ -695,6 +695,16 @@ def machine_facts(cuda: bool) -> dict:
     return facts
 
 
+def command_line() -> str:
+    """The invoking command as a reader reruns it from the repository root: the script by its
+    path in the repository, and absolute paths among the arguments by their file names (result
+    documents never name a folder of the machine that wrote them)."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]),
+                             os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    args = [os.path.basename(a) if os.path.isabs(a) else a for a in sys.argv[1:]]
+    return " ".join(["python", script] + args)
+
+
 def default_commit():
     if os.environ.get("DDO_COMMIT"):
         return os.environ["DDO_COMMIT"]

@@ -207,6 +207,84 @@ def w2_table(result: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# W4: quantized compute (bench/python/w4_quantized.py) and its kernel table (w4_profile.py).
+# ---------------------------------------------------------------------------------------------
+
+W4_ROUTE_ORDER = {"resident": 0, "int8-resident": 1, "fp8-resident": 2, "quantize-noprofile": 3,
+                  "quantize-calibration": 4, "quantize-calibrated": 5, "fp8-noprofile": 6,
+                  "fp8-calibration": 7, "fp8-calibrated": 8, "dequant-noprofile": 9,
+                  "dequant-calibrated": 10}
+
+
+def w4_table(doc: dict) -> str:
+    """One W4 document: a row per model route (step seconds against the bf16 resident step,
+    output against bf16), then the GEMM rows, then the machine line."""
+    t_res = doc.get("t_resident_s")
+    head = ("| workload | route | cap GiB | median step s | vs bf16 resident | streamed GB/step | "
+            "peak VRAM GiB | rel L2 vs bf16 | cosine |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    rows = [r for r in doc.get("rows", []) if r.get("route") != "gemm"]
+    rows.sort(key=lambda r: (r.get("cap_gib") or 0, W4_ROUTE_ORDER.get(r.get("route"), 9)))
+    lines = []
+    for r in rows:
+        step = r.get("median_step_s")
+        if r.get("error"):
+            lines.append(f"| {r.get('workload', '-')} | {r.get('route')} | "
+                         f"{fmt(r.get('cap_gib'), 'g')} | failed: {str(r['error'])[:80]} | | | | | |")
+            continue
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r.get("workload", "-"), r.get("route"), fmt(r.get("cap_gib"), "g"), fmt(step, ".3f"),
+            fmt(step / t_res if step and t_res else None, ".2f"),
+            fmt(r.get("streamed_gb_per_step"), ".2f"), fmt(r.get("peak_vram_gib"), ".2f"),
+            fmt(r.get("rel_l2"), ".4f"), fmt(r.get("cosine"), ".5f")))
+    out = head + "\n".join(lines) + "\n"
+    gemm = [r for r in doc.get("rows", []) if r.get("route") == "gemm"]
+    if gemm:
+        out += ("\n| GEMM (out x in) | tokens | bf16 ms | fp8 layer ms | fp8 path | int8 layer ms | "
+                "int8 path |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+        out += "\n".join("| {}x{} | {} | {} | {} | {} | {} | {} |".format(
+            r["out"], r["inp"], r.get("tokens"), fmt(r.get("bf16_ms"), ".3f"),
+            fmt(r.get("fp8_ms"), ".3f"), r.get("fp8_path", "-"), fmt(r.get("int8_ms"), ".3f"),
+            r.get("int8_path", "-")) for r in gemm) + "\n"
+    return out + footer(doc)
+
+
+def w4_profile_table(doc: dict) -> str:
+    """One w4_profile document: the step seconds, the kernel categories of one profiled step of
+    bf16 and fp8 (GPU milliseconds, share, kernels), and the GEMM variants per shape."""
+    fam = doc.get("family", "?")
+    bf16, fp8 = doc.get("bf16_profile") or {}, doc.get("fp8_profile") or {}
+    out = [f"Kernel table, {fam} ({doc.get('tokens')} tokens), all resident: bf16 "
+           f"{fmt(doc.get('bf16_step_s'), '.4f')} s per step, fp8 {fmt(doc.get('fp8_step_s'), '.4f')} s "
+           f"(rel L2 vs bf16 {fmt(doc.get('fp8_rel_l2'), '.4f')}).", "",
+           "| kernels | bf16 ms | bf16 share | fp8 ms | fp8 share | fp8 kernels |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    cats = sorted(set(bf16.get("categories", {})) | set(fp8.get("categories", {})),
+                  key=lambda c: -(fp8.get("categories", {}).get(c, {}).get("ms", 0)))
+    for c in cats:
+        b = bf16.get("categories", {}).get(c, {})
+        f = fp8.get("categories", {}).get(c, {})
+        out.append("| {} | {} | {} | {} | {} | {} |".format(
+            c, fmt(b.get("ms"), ".1f"), fmt(100 * b["share"] if "share" in b else None, ".1f"),
+            fmt(f.get("ms"), ".1f"), fmt(100 * f["share"] if "share" in f else None, ".1f"),
+            f.get("count", "-")))
+    out.append("| GPU busy | {} | | {} | | {} |".format(
+        fmt(bf16.get("gpu_busy_ms"), ".1f"), fmt(fp8.get("gpu_busy_ms"), ".1f"),
+        fp8.get("kernel_count", "-")))
+    gemm = doc.get("gemm") or []
+    if gemm:
+        out += ["", "| GEMM (out x in) | bf16 ms | fp8 layer ms | scaled_mm row-wise exact / fast ms | "
+                "tensor-wise exact / fast ms | layer rel L2 |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in gemm:
+            out.append("| {}x{} | {} | {} | {} / {} | {} / {} | {} |".format(
+                r["out"], r["inp"], fmt(r.get("bf16_ms"), ".3f"), fmt(r.get("layer_fp8_ms"), ".3f"),
+                fmt(r.get("rowwise_exact_ms"), ".3f"), fmt(r.get("rowwise_fast_ms"), ".3f"),
+                fmt(r.get("tensorwise_exact_ms"), ".3f"), fmt(r.get("tensorwise_fast_ms"), ".3f"),
+                fmt(r.get("layer_fp8_rel_l2"), ".4f")))
+    return "\n".join(out) + "\n\n" + footer(doc)
+
+
+# ---------------------------------------------------------------------------------------------
 # Any of them.
 # ---------------------------------------------------------------------------------------------
 

@@ -334,7 +334,7 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda"
     result = dict(benchmark="w1-py-from-disk", size=args.size, steps=args.steps,
                   commit=args.commit or bc.default_commit(),
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  command=bc.command_line(),
                   machine=bc.machine_facts(cuda), rows=[])
     if not (args.keep and os.path.isdir(args.dir) and shard_files(args.dir)):
         os.makedirs(args.dir, exist_ok=True)

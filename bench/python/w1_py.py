@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     result = dict(benchmark="w1-py", size=args.size, steps=args.steps, caps=args.caps,
                   routes=args.routes, overrides=args.overrides, cuda=cuda,
                   device="cuda" if cuda else "sim",
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  command=bc.command_line(),
                   commit=args.commit or bc.default_commit(),
                   utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   profile_dir=profile_dir, rows=[])

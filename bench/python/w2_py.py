@@ -408,7 +408,7 @@ def main(argv=None) -> int:
     result = dict(benchmark="w2-py", size=args.size, steps=args.steps, caps=args.caps,
                   variants=args.variants, routes=args.routes, overrides=args.overrides,
                   cuda=cuda, device="cuda" if cuda else "sim",
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  command=bc.command_line(),
                   utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   inputs=dict(image_tokens=grid[0] * grid[1], text_tokens=bc.SIZES[args.size]["txt"],
                               batch=1, dtype="bfloat16", guidance=guidance),

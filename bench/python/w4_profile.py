@@ -96,7 +96,18 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
         with torch.no_grad():
             row["bf16_ms"] = time_ms(lambda: dense(xi), cuda)
             row["layer_fp8_ms"] = time_ms(lambda: q(xi), cuda)
+            ref = dense(xi).float()
+
+            def rel(y):
+                return float((y.float() - ref).norm() / ref.norm())
+
+            row["layer_fp8_rel_l2"] = rel(q(xi))
             if cuda:
+                # The same layer quantized on the GPU: ddo's quantizer gives the CPU's bits.
+                qg = ddo.sdnq.quantize_linear(dense, "float8_e4m3fn", 0, quantized_matmul=True)
+                row["quantize_gpu_equals_cpu"] = bool(
+                    torch.equal(qg.weight.view(torch.uint8).cpu(), q.weight.view(torch.uint8).cpu())
+                    and torch.equal(qg.scale.cpu(), q.scale.cpu()))
                 # The GEMM alone on pre-quantized operands.
                 xs = (xi.float().abs().amax(1, keepdim=True) / 448.0).clamp_min(1e-12)
                 xq = (xi.float() / xs).to(torch.float8_e4m3fn)
@@ -106,6 +117,8 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
                 b = q.bias
                 for fast in (False, True):
                     tag = "fast" if fast else "exact"
+                    row[f"rowwise_{tag}_rel_l2"] = rel(torch._scaled_mm(
+                        xq, wq, xs, ws, bias=b, out_dtype=torch.bfloat16, use_fast_accum=fast))
                     row[f"rowwise_{tag}_ms"] = time_ms(
                         lambda f=fast: torch._scaled_mm(xq, wq, xs, ws, bias=b,
                                                         out_dtype=torch.bfloat16,
@@ -121,7 +134,9 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
             if k.endswith("_ms") and row[k]:
                 row[k.replace("_ms", "_tflops")] = flops / (row[k] * 1e-3) / 1e12
         log("gemm %dx%d: " % (out_f, in_f) + ", ".join(
-            f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")))
+            f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")) + "; rel_l2 " +
+            ", ".join(f"{k[:-7]} {v:.4f}" for k, v in row.items() if k.endswith("_rel_l2")) +
+            f"; quantize gpu==cpu {row.get('quantize_gpu_equals_cpu')}")
         rows.append(row)
     return rows
 
@@ -196,7 +211,7 @@ def main(argv=None) -> int:
     wan = args.family == "wan"
     dev = "cuda" if cuda else "cpu"
     result = dict(benchmark="w4-profile", family=args.family, size=args.size, steps=args.steps,
-                  device=dev, command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  device=dev, command=bc.command_line(),
                   commit=args.commit or bc.default_commit(),
                   utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     result.update(bc.machine_facts(cuda))
@@ -230,6 +245,8 @@ def main(argv=None) -> int:
     print_profile("bf16", result["bf16_profile"])
     save()
 
+    # Quantized on the host, as W4 and enable_offload's quantize= do.
+    model.to("cpu")
     skipped = ddo.sdnq.quantize_model(model, "fp8")
     model.to(dev)
     result["fp8_kept_dense"] = skipped

@@ -9,6 +9,8 @@ image + 512 text tokens, batch 1). Rows, all in one invocation, in this order:
   resident      bf16, the whole model on the GPU: gives T_resident and the reference output
   int8-resident the model quantized by ddo.sdnq.quantize_model(m, "int8"), all on the GPU
   fp8-resident  the same with "fp8"
+  quantize noprofile / calibration / calibrated  per cap: enable_offload(bf16 model,
+                quantize="fp8"), the user's path: Linears served from quantized copies
   fp8 noprofile / calibration / calibrated  per cap: enable_offload on the fp8 model
   dequant noprofile / calibrated            per cap: the same fp8 weights with the layers'
                 quantized_matmul flag cleared (ddo_sdnq_layout[7] = 0): the dequantize path
@@ -27,7 +29,7 @@ frames: 6 latent frames, 9360 tokens; bench_common.WAN_SIZES), bf16 resident aga
   python bench/python/w4_quantized.py --size tiny --device sim --out /tmp/w4.json   # CPU smoke
 
 Flags: --family flux|wan, --size full|tiny, --caps GiB list, --steps N, --routes
-(gemm,resident,int8,fp8,dequant), --device cuda|sim, --sample-ms, --out FILE.json, --commit SHA.
+(gemm,resident,int8,quantize,fp8,dequant), --device cuda|sim, --sample-ms, --out FILE.json, --commit SHA.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ bc.set_logger(log)
 
 DEFAULT_CAPS = {("flux", "full"): "4,8,16", ("flux", "tiny"): "0.1,1.5",
                 ("wan", "full"): "8", ("wan", "tiny"): "0.1"}
-ALL_ROUTES = ("gemm", "resident", "int8", "fp8", "dequant")
-DEFAULT_ROUTES = {"flux": ",".join(ALL_ROUTES), "wan": "gemm,resident,fp8"}
+ALL_ROUTES = ("gemm", "resident", "int8", "quantize", "fp8", "dequant")
+DEFAULT_ROUTES = {"flux": ",".join(ALL_ROUTES), "wan": "gemm,resident,quantize"}
 # FLUX.1's Linear shapes (out, in): attention projections, the MLPs, the single blocks' fused
 # projection and output, the modulations.
 FLUX_SHAPES = [(3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072, 15360),
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
         return 2
     result = dict(benchmark="w4", family=args.family, size=args.size, steps=args.steps, caps=caps, routes=routes,
                   device="cuda" if cuda else "sim",
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+                  command=bc.command_line(),
                   commit=args.commit or bc.default_commit(),
                   utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   profile_dir=profile_dir, rows=[])
@@ -226,6 +228,18 @@ def main(argv=None) -> int:
         add("int8-resident", None, lambda row: (row.update(kept_dense=row_skipped),
                                                 resident_row(ctx, row, int8, ref.get("out"))))
         del int8
+    if "quantize" in routes:
+        # The user's path: enable_offload(bf16 model, quantize="fp8"), the model left as it was.
+        qctx = dict(ctx, overrides=dict(ctx["overrides"], quantize="fp8"))
+        for cap in caps:
+            add("quantize-noprofile", cap,
+                lambda row, c=cap: bc.ddo_row(qctx, row, model, c, False, None, ref=ref.get("out")))
+            add("quantize-calibration", cap,
+                lambda row, c=cap: bc.ddo_row(qctx, row, model, c, True,
+                                              f"w4-{args.family}-q-{c:g}", ref=ref.get("out")))
+            add("quantize-calibrated", cap,
+                lambda row, c=cap: bc.ddo_row(qctx, row, model, c, False,
+                                              f"w4-{args.family}-q-{c:g}", ref=ref.get("out")))
     if "fp8" in routes or "dequant" in routes:
         skipped = ddo.sdnq.quantize_model(model, "fp8")
         result["fp8_kept_dense"] = skipped

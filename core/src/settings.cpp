@@ -275,9 +275,15 @@ Status kernel_mode_from_env(const EnvMap& env, KernelMode* out) {
 
 Status quantized_matmul_mode_from_env(const EnvMap& env, QuantizedMatmulMode* out) {
   *out = QuantizedMatmulMode::kAuto;
+  const auto it = env.find("DDO_QUANTIZED_MATMUL");
+  if (it != env.end() && lower(trim(it->second)) == "exact") {
+    *out = QuantizedMatmulMode::kExact;
+    return Status::ok_status();
+  }
   return two_mode_from_env(env, "DDO_QUANTIZED_MATMUL", "off", QuantizedMatmulMode::kOff,
                            "is not a mode; set it to auto (quantized GEMMs where the card has "
-                           "them) or off (every quantized layer dequantizes), or unset it",
+                           "them), exact (the same GEMMs with float32 sums at every step) or "
+                           "off (every quantized layer dequantizes), or unset it",
                            out);
 }
 

@@ -558,9 +558,12 @@ TEST(Settings, QuantizedMatmulModeFromEnv) {
   EXPECT_EQ(mode, QuantizedMatmulMode::kAuto);
   ASSERT_TRUE(quantized_matmul_mode_from_env({{"DDO_QUANTIZED_MATMUL", " OFF "}}, &mode).ok());
   EXPECT_EQ(mode, QuantizedMatmulMode::kOff);
+  ASSERT_TRUE(quantized_matmul_mode_from_env({{"DDO_QUANTIZED_MATMUL", "Exact"}}, &mode).ok());
+  EXPECT_EQ(mode, QuantizedMatmulMode::kExact);
   const Status bad = quantized_matmul_mode_from_env({{"DDO_QUANTIZED_MATMUL", "on"}}, &mode);
   EXPECT_EQ(bad.code(), Code::kInvalidArgument);
   EXPECT_NE(bad.message().find("DDO_QUANTIZED_MATMUL=\"on\""), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("exact"), std::string::npos) << bad.message();
 }
 
 TEST(Settings, OverridesKeepWhatTheSettingsWereBuiltWithAndDeriveThePlatformFactsAgain) {

@@ -32,6 +32,16 @@
 // the measurement and under the analysis' values. The benchmark reports the whole
 // model's relative L2 and cosine against the bf16 model.
 
+// Note [Fast fp8 accumulation]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Hopper's fp8 tensor cores sum in a narrower accumulator than float32; cuBLASLt's exact mode
+// promotes the partial sums to float32 every few k-steps, which costs a fifth to a quarter of
+// the GEMM's time on FLUX's and Wan's shapes (H100, bench/python/w4_profile.py's GEMM table:
+// 0.58 -> 0.45 ms for 4608 x 3072 x 21504). ddo takes the fast sums by default: their error is
+// small beside the activations' own rounding to fp8 (2^-4 relative per value, Note [Quantized
+// matmul accuracy]), which the benchmark's per-layer and whole-model figures show side by side.
+// DDO_QUANTIZED_MATMUL=exact runs the exact mode, to rule the fast sums out.
+
 // Note [Quantized matmul operands]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // cuBLASLt's int8 and fp8 GEMMs read A row-major [M, K] and B column-major [K, N], i.e. the
@@ -213,7 +223,8 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_reference(const at::Tensor& x, Q
   const at::Tensor scale =
       at::div(at::amax(at::abs(xf), {1}), at::scalar_tensor(qmax, xf.options()));
   const at::Tensor divisor = at::where(scale == 0, at::ones_like(scale), scale);
-  const at::Tensor v = at::div(xf, divisor.unsqueeze(1));
+  const at::Tensor inverse = at::div(at::ones_like(divisor), divisor);
+  const at::Tensor v = at::mul(xf, inverse.unsqueeze(1));
   at::Tensor q = type == QuantType::kInt8 ? at::round(v).clamp(-qmax, qmax).to(at::kChar)
                                           : v.clamp(-qmax, qmax).to(c10::ScalarType::Float8_e4m3fn);
   return {q, scale};
@@ -302,8 +313,10 @@ at::Tensor quantized_linear(const at::Tensor& input, const QuantizedWeight& w,
     out = int8_scale_epilogue(at::_int_mm(xq, wt), xs, ws, b, out_dtype);
   } else if (x.is_cuda()) {
     const at::Tensor b_col_major = layout.transposed ? wt.t().contiguous().t() : wt;
+    // Note [Fast fp8 accumulation].
+    const bool fast = quantized_matmul_mode() != core::QuantizedMatmulMode::kExact;
     out = at::_scaled_mm(xq, b_col_major, xs.reshape({-1, 1}), ws.reshape({1, -1}), or_none(b),
-                         std::nullopt, out_dtype, /*use_fast_accum=*/false);
+                         std::nullopt, out_dtype, /*use_fast_accum=*/fast);
   } else {
     // The fp8 GEMM's reference: fp8 values are exact in float32, so are their products; the
     // sums are float32, as the tensor cores accumulate them.

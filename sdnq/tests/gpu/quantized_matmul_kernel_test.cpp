@@ -34,7 +34,11 @@ TEST(QuantizeRowsKernel, EqualsTheReferenceBitForBit) {
   ASSERT_EQ(dequantize_kernel_status(at::cuda::current_device()).path, KernelPath::kKernel);
   at::manual_seed(11);
   for (const c10::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (const std::int64_t cols : {std::int64_t{3072}, std::int64_t{37}}) {
+    // Rows read in one pass of 16-byte vectors (3072; 15360, the widest of FLUX's inputs: 8
+    // vectors a thread for 2-byte values), and rows that take the scalar kernel (37: not a
+    // multiple of the vector; 16392: wider than one pass holds).
+    for (const std::int64_t cols :
+         {std::int64_t{3072}, std::int64_t{37}, std::int64_t{15360}, std::int64_t{16392}}) {
       at::Tensor x = (at::randn({300, cols}) * 3).to(dtype).cuda();
       x[5].zero_();
       for (const QuantType type : {QuantType::kInt8, QuantType::kFloat8E4M3}) {

@@ -150,11 +150,14 @@ enum class KernelMode { kAuto, kReference };
 Status kernel_mode_from_env(const EnvMap& env, KernelMode* out);
 
 /// Whether per-row int8 and fp8 layers marked quantized_matmul run a low-precision GEMM where the
-/// card has one (kAuto) or dequantize everywhere (kOff) (sdnq/quantized_matmul.h).
-enum class QuantizedMatmulMode { kAuto, kOff };
+/// card has one (kAuto: fp8 with the tensor cores' fast accumulation), the same GEMMs with fp8
+/// sums promoted to float32 at every step (kExact: slower, for ruling the fast sums out), or
+/// dequantize everywhere (kOff) (sdnq/quantized_matmul.h, Note [Fast fp8 accumulation]).
+enum class QuantizedMatmulMode { kAuto, kOff, kExact };
 
-/// DDO_QUANTIZED_MATMUL in `env`: unset, empty or "auto" -> kAuto; "off" -> kOff; any other
-/// value is kInvalidArgument naming the two. Read once per process (sdnq/kernel_status.h).
+/// DDO_QUANTIZED_MATMUL in `env`: unset, empty or "auto" -> kAuto; "off" -> kOff; "exact" ->
+/// kExact; any other value is kInvalidArgument naming the three. Read once per process
+/// (sdnq/kernel_status.h).
 Status quantized_matmul_mode_from_env(const EnvMap& env, QuantizedMatmulMode* out);
 
 /// Splits a DDO_*_PATTERNS value on ',' and ';', trimming blanks and dropping empty items.
