@@ -132,25 +132,6 @@ class OffloadResult:
         self._kept = kept
         self._events = events
         self._sdnq_modules: list[nn.Module] = []
-        self._quantized: dict[str, Any] = {}
-
-    def _record_quantized_compute(self, layers: list[tuple], quantize: Optional[str],
-                                  skipped: dict[str, str], device: str) -> None:
-        # The path each SDNQ layer takes on the execution device for a full-size input, and why
-        # (ddo::sdnq_linear_path: the rule is quantized_matmul.h's).
-        device = "cpu" if device.startswith("sim") else device
-        paths: dict[str, dict[str, str]] = {}
-        counts: dict[str, int] = {}
-        for name, module, code in layers:
-            path, why = torch.ops.ddo.sdnq_linear_path(code, module.scale.dtype, device)
-            paths[name] = {"path": path, "why": why}
-            counts[path] = counts.get(path, 0) + 1
-        self._quantized = {
-            "quantize": quantize or "none",
-            "counts": counts,
-            "layers": paths,
-            "kept_dense": dict(skipped),
-        }
 
     def _install_sdnq_forwards(self, layers: list[tuple], executing: bool) -> None:
         # While the offload executes, SDNQ layers run ddo::sdnq_linear (their packed tensors may
@@ -210,8 +191,6 @@ class OffloadResult:
                 {"name": n, "seconds": s, "payload": p} for n, s, p in self._events
             ],
         }
-        if self._quantized:
-            r["quantized_compute"] = copy.deepcopy(self._quantized)
         return r
 
     def summary(self) -> str:
@@ -288,8 +267,9 @@ def _anchored(name: str) -> str:
 
 
 def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]], list[tuple]]:
-    """The module tree for ddo_torch, the modules kept out of its hands (with reasons), and the
-    SDNQ layers ddo runs with their layout codes."""
+    """The module tree for ddo_torch (``_C.enable_offload_tree``'s 8-tuples: name, class, kind,
+    is_leaf, training, tensors, stock class, SDNQ layout code), the modules kept out of its
+    hands (with reasons), and the SDNQ layers ddo runs with their layout codes."""
     entries: list[tuple] = []
     kept: list[dict[str, str]] = []
     sdnq_layers: list[tuple] = []
@@ -313,12 +293,14 @@ def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]], list[t
                 }
             )
         is_leaf = not any(child is not None for child in module._modules.values())
+        layout = None
         # Before the Linear rule: sdnq's SDNQLinear subclasses nn.Linear, but its weight is packed.
         if _sdnq.is_sdnq_layer(module):
             code = _sdnq.sdnq_layout(module)
             kind = "other" if isinstance(code, str) else "sdnq"
             if kind == "sdnq":
                 sdnq_layers.append((name, module, code))
+                layout = code
             elif not refused:
                 kept.append(
                     {
@@ -329,8 +311,20 @@ def _gather(model: nn.Module) -> tuple[list[tuple], list[dict[str, str]], list[t
                 )
         else:
             kind = _kind(module)
-        entries.append((name, type(module).__qualname__, kind, is_leaf, module.training, slots))
+        # A Linear subclass streams as a Linear; quantize= keeps it dense (C++ says why).
+        stock = kind != "linear" or type(module) is nn.Linear
+        entries.append((name, type(module).__qualname__, kind, is_leaf, module.training, slots,
+                        stock, layout))
     return entries, kept, sdnq_layers
+
+
+def _keep_in_fp32(model: nn.Module) -> list[str]:
+    """The module names the model keeps at full precision (diffusers' and transformers'
+    ``_keep_in_fp32_modules``), for OffloadOptions::keep_dense_modules: C++ matches them."""
+    names = getattr(model, "_keep_in_fp32_modules", None) or []
+    if isinstance(names, str):
+        names = [names]
+    return [n for n in names if isinstance(n, str)]
 
 
 def _refuse_compiled(model: nn.Module) -> None:
@@ -477,8 +471,20 @@ def _enable(
         raise TypeError(
             f"settings must be a DynamicOffloadSettings, not {type(settings).__name__}"
         )
+    if quantize is not None:
+        _check_type("quantize", quantize, (str,), "\"fp8\", \"int8\" or None")
+        # C++'s parse (ddo/sdnq/quantize_model.h): a ValueError naming the choices, before
+        # anything else runs; "" for "none".
+        quantize = quantize if torch.ops.ddo.sdnq_quantize_type(quantize) else None
     existing = getattr(model, _ATTR, None)
     if isinstance(existing, OffloadResult) and existing.active:
+        if quantize is not None:
+            attached = existing._native.report()["quantized_compute"]["quantize"]
+            raise RuntimeError(
+                f"this module already has an active ddo offload (quantize={attached!r}); "
+                f"quantize={quantize!r} is applied when an offload attaches, not on top of one: "
+                "call remove_offload(model) first, then enable_offload(model, quantize=...)"
+            )
         raise RuntimeError(
             "this module already has an active ddo offload; call remove_offload(model) first"
         )
@@ -491,19 +497,6 @@ def _enable(
                         "torch.jit.load the saved module, then call enable_offload on it")
     if not jit:
         _refuse_compiled(model)
-    skipped: dict[str, str] = {}
-    if quantize is not None:
-        _check_type("quantize", quantize, (str,), "\"fp8\", \"int8\" or None")
-    # The package's type name, "" for none; a ValueError naming the choices before anything
-    # changes.
-    # A TorchScript module's Linears are quantized by C++ (OffloadOptions::quantize): its graph
-    # calls aten::linear on its own weights, which become placeholders served from the copies.
-    if quantize is not None and torch.ops.ddo.sdnq_quantize_type(quantize) and not jit:
-        if load is not None:
-            raise TypeError("quantize= needs the weights in memory; pass it to enable_offload "
-                            "after loading, not to a deferred load")
-        skipped = _sdnq.quantize_model(model, quantize)
-
     model_class = model_class_name(model)
     entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
     # Kept modules stay where they are whatever the settings say: C++ appends these after it
@@ -521,21 +514,23 @@ def _enable(
         device=device,
     )
     try:
+        # quantize= is C++'s, for both (OffloadOptions::quantize; Note [Quantized dense weights]
+        # in torch/src/attach_quantize.cpp): each stock Linear's weight is served from a quantized
+        # copy while the model keeps its modules, dtypes and dense weights.
         if jit:
             native = _C.enable_offload_jit(model, quantize=quantize or "", **native_args)
         else:
             native = _C.enable_offload_tree(model_class, entries, load=load,
-                                            extra_skip_patterns=extra_skip, **native_args)
+                                            extra_skip_patterns=extra_skip,
+                                            quantize=quantize or "",
+                                            keep_dense_modules=_keep_in_fp32(model),
+                                            **native_args)
     except BaseException:
         progress.close(failed=True)
         raise
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
-    report = native.report()
-    if not jit:  # C++ reports a TorchScript module's quantized Linears itself
-        result._record_quantized_compute(sdnq_layers, quantize, skipped,
-                                         report.get("execution_device", "cuda:0"))
-    result._install_sdnq_forwards(sdnq_layers, report.get("executing", False))
+    result._install_sdnq_forwards(sdnq_layers, native.report().get("executing", False))
     try:
         object.__setattr__(model, _ATTR, result)
     except Exception:  # a module that forbids attributes still works through the result
@@ -592,14 +587,19 @@ def enable_offload(
     execution_device: "cuda:N", or "sim" for the host simulation; default the config's (cuda:0).
     record_event: ``callable(name, seconds, payload)`` receiving setup events.
     config_overrides: DynamicOffloadConfig fields by name; unknown names raise TypeError.
-    quantize: ``"fp8"`` or ``"int8"`` quantizes the model's dense Linears (one scale per output
-        row, in place, before the plan) so they compute with the card's low-precision GEMM (fp8:
-        sm_89+, int8: sm_80+; elsewhere they dequantize) and stream half the bytes; the model
-        stays quantized after ``remove()``. A TorchScript module keeps its modules: C++ serves
-        each Linear's weight from a quantized copy while the dense weight stays in host memory,
-        and ``remove()`` gives it back unchanged. ``report()["quantized_compute"]`` gives each
-        layer's path and why. A named profile is keyed by name and model class only: a bf16 and an fp8
-        run under one name share it (recalibrate, or use another name).
+    quantize: ``"fp8"`` or ``"int8"``: each ``nn.Linear`` that qualifies computes from a copy of
+        its weight quantized to one scale per output row, with the card's low-precision GEMM
+        (fp8: sm_89+, int8: sm_80+; elsewhere it dequantizes), and that copy is what ddo places
+        and streams: about half the bytes of bf16. The model keeps its modules, dtypes, hooks,
+        training flags and dense weights (reads outside the Linear's own ops see the dense
+        values; an in-place change such as ``load_state_dict`` is quantized again before the
+        next forward), and ``remove()`` gives it back unchanged; host memory holds the dense
+        model and the copy. ``report()["quantized_compute"]`` gives each quantized layer's path
+        and why, and the Linears kept dense with why (subclasses of nn.Linear, LoRA adapters,
+        tied or float64 weights, small or unaligned shapes, ``_keep_in_fp32_modules``). The
+        same for a TorchScript module. On a module with an active offload it is refused. A
+        named profile is keyed by name and model class only: a bf16 and an fp8 run under one
+        name share it (recalibrate, or use another name).
 
     diffusers-dynamic-offloader's keywords, with its meaning (README "Drop-in for diffusers-dynamic-
     offloader"): ``component`` (its policy, DDO_<COMPONENT>_ROUTE, picks the route; also the

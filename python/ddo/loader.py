@@ -24,7 +24,6 @@ device. The host never holds the model twice. ``loader="library"`` calls the cla
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -33,7 +32,6 @@ import torch
 from torch import nn
 
 from . import _C
-from . import sdnq as _sdnq
 from ._progress import SetupProgress
 from .api import (
     OffloadResult,
@@ -334,6 +332,12 @@ def _check_load_args(profile_name: Any, build_profile: Any, apply_dynamic: bool,
             "profile_name/build_profile were given with apply_dynamic=False; pass them to the "
             "later enable_offload call, at the actual execution stage"
         )
+    if not apply_dynamic and quantize is not None:
+        raise ValueError(
+            f"quantize={quantize!r} was given with apply_dynamic=False: the quantized copies are "
+            "made when an offload attaches; pass quantize= to the later enable_offload call, at "
+            "the actual execution stage"
+        )
     return quantize
 
 
@@ -408,9 +412,13 @@ def from_pretrained_with_dynamic_offload(
     takes "ddo" when the directory holds safetensors files and ``model_loader`` is a diffusers or
     transformers model class, else "library". ``subfolder=`` is joined to the path; other keywords
     go to ``model_loader.from_pretrained`` (and select the library loader under "auto").
-    ``quantize="fp8" | "int8"`` quantizes the dense Linears as ``enable_offload(quantize=)`` does:
-    the weights are read into ordinary memory first (the host holds the dense model until each
-    layer is replaced: one copy, not two), then streamed or pinned packed.
+    ``quantize="fp8" | "int8"`` (with ``apply_dynamic=True``) is ``enable_offload(quantize=)``
+    on the loaded module: each qualifying Linear computes from a quantized copy, which is what
+    streams, and keeps its dense weight. With ddo's loader that dense weight points into the
+    checkpoint file (mapped copy-on-write: page cache, no memory of its own) where the file holds
+    it in the model's dtype, and the quantized copy is never read from the files (Note [Quantized
+    dense weights] in torch/src/attach_quantize.cpp). A deferred load takes no ``quantize``: pass
+    it to the later ``enable_offload``.
     """
     if model_loader is None:
         model_loader = _default_model_loader()
@@ -435,13 +443,13 @@ def from_pretrained_with_dynamic_offload(
             record_event=record_event,
             overrides={},
             load=load,
-            quantize=quantize if load is None else None,
+            quantize=quantize,
         )
 
     module = _empty_for_ddo_loader(loader, load_kwargs, model_loader, path)
     if module is None:
         module = _load_with_library(path, model_loader, dtype, load_kwargs)
-        return _quantized(module, quantize, attach if apply_dynamic else None)
+        return LoadedModel(module, attach(module) if apply_dynamic else None)
 
     target = dtype if dtype is not None else _default_dtype(model_loader, path)
     if target is not None:
@@ -458,11 +466,6 @@ def from_pretrained_with_dynamic_offload(
         "read_workers": read_workers or 0,
         "allow_unexpected_keys": allow_unexpected_keys,
     }
-    if quantize is not None:
-        # The dense weights are read first; each Linear is then replaced by its packed layer.
-        _with_progress(module, record_event, lambda model_class, entries, progress: (
-            _C.load_weights(model_class, entries, load, record_event=progress)))
-        return _quantized(module, quantize, attach if apply_dynamic else None)
     if apply_dynamic:
         return LoadedModel(module, attach(module, load))
     # Deferred: the weights go into pinned memory for the execution device these settings name,
@@ -474,26 +477,6 @@ def from_pretrained_with_dynamic_offload(
                                     **settings)))
     loaded = LoadedModel(module, None)
     loaded.load_report = pins
-    return loaded
-
-
-def _quantized(module: nn.Module, quantize: Optional[str],
-               attach: Optional[Callable[[nn.Module], OffloadResult]]) -> LoadedModel:
-    """The loaded module, quantized when asked: by the attach (enable_offload(quantize=), whose
-    report says which path each layer takes), or here for a deferred load."""
-    if attach is not None:
-        return LoadedModel(module, attach(module))
-    loaded = LoadedModel(module, None)
-    if quantize is not None:
-        kept = _sdnq.quantize_model(module, quantize)
-        loaded.load_report = {
-            "device": "cpu", "pinned": False, "pinned_bytes": 0,
-            "pageable_bytes": sum(t.numel() * t.element_size()
-                                  for t in itertools.chain(module.parameters(), module.buffers())),
-            "reason": f"quantize={quantize!r}: the weights were read and quantized in ordinary "
-                      "memory; enable_offload pins the packed weights",
-            "quantize": quantize, "kept_dense": kept,
-        }
     return loaded
 
 

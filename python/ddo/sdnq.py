@@ -210,7 +210,8 @@ def quantize_linear(
     ``result_dtype`` defaults to the weight's dtype (the package's torch_dtype).
     ``quantized_matmul`` (int8 or float8_e4m3fn, one scale per row, plain storage) makes a layer
     that computes with a quantized GEMM where the card has one (ddo/sdnq/quantized_matmul.h):
-    what ``enable_offload(..., quantize=...)`` makes.
+    the layer :func:`quantize_model` makes, and the computation ``enable_offload(...,
+    quantize=...)`` serves a dense Linear's weight with (from a copy, without replacing it).
     """
     if not isinstance(linear, nn.Linear) or is_sdnq_layer(linear):
         raise TypeError(f"quantize_linear takes a dense nn.Linear, got {type(linear).__name__}")
@@ -236,9 +237,11 @@ def quantize_model(model: nn.Module, quantize: str) -> dict[str, str]:
     """Replaces each dense ``nn.Linear`` of ``model`` that qualifies by a quantized-matmul
     :class:`QuantizedLinear` (``quantize`` "fp8" or "int8": one scale per output row, the plain
     layout, computed by the card's low-precision GEMM where it has one); returns the Linears kept
-    dense, with why. What ``enable_offload(..., quantize=...)`` does before it plans; the rules
-    are C++'s (ddo/sdnq/quantize_model.h, through ddo::sdnq_quantize_skip). Each dense weight is
-    released as its layer is replaced, so the peak is the model plus one layer.
+    dense, with why. An explicit offline tool for a model that should stay quantized (a resident
+    fp8 model); ``enable_offload(..., quantize=...)`` does not use it: it keeps the model's modules
+    and serves their weights from quantized copies. The weight rules are C++'s
+    (ddo/sdnq/quantize_model.h, through ddo::sdnq_quantize_skip). Each dense weight is released as
+    its layer is replaced, so the peak is the model plus one layer.
 
         skipped = quantize_model(transformer, "fp8")      # {"proj_out": "a dimension is ..."}
         transformer.cuda()                                 # resident fp8, no offload

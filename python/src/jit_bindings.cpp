@@ -72,9 +72,9 @@ void bind_jit(py::module_& m) {
         args.env = std::move(env);
         args.device = std::move(device);
         args.check_signals = check_signals;
+        args.quantize = quantize;
         // model_class stays "": the C++ path names the profile after the root's TorchScript type.
         adapter::OffloadOptions options = offload_options(args);
-        options.quantize = quantize;
         return attach_with_events(options, args, [&](const adapter::OffloadOptions& o) {
           return adapter::enable_offload(jit, o);
         });

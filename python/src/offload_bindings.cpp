@@ -13,6 +13,7 @@
 // phase throws, so the model is usable afterwards. The final "setup" event comes after placement,
 // where ddo_torch no longer rolls back; an interrupt seen there is held, the finished offload is
 // removed (restoring the model), and then the interrupt is raised.
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
@@ -45,20 +46,24 @@ namespace {
 using nlohmann::json;
 
 // The tree from Python's tuples: (name, class_name, kind, is_leaf, training, [(tensor_name,
-// tensor, is_parameter), ...]) in named_modules() order.
+// tensor, is_parameter), ...], stock_class, sdnq_layout) in named_modules() order (ModuleEntry:
+// stock_class is `type(m) is nn.Linear` for a Linear, sdnq_layout an SDNQ layer's layout code or
+// None).
 adapter::ModuleTree tree_from(const std::string& model_class, const py::list& entries) {
   adapter::ModuleTree tree;
   tree.model_class = model_class;
   tree.entries.reserve(entries.size());
   for (py::handle item : entries) {
     auto t = item.cast<py::tuple>();
-    if (t.size() != 6) throw py::type_error("module entries are 6-tuples");
+    if (t.size() != 8) throw py::type_error("module entries are 8-tuples (ddo.api._gather)");
     adapter::ModuleEntry entry;
     entry.name = t[0].cast<std::string>();
     entry.class_name = t[1].cast<std::string>();
     raise_status(core::parse_module_kind(t[2].cast<std::string>(), &entry.kind));
     entry.is_leaf = t[3].cast<bool>();
     entry.training = t[4].cast<bool>();
+    entry.stock_class = t[6].cast<bool>();
+    if (!t[7].is_none()) entry.sdnq_layout = t[7].cast<std::vector<std::int64_t>>();
     for (py::handle slot_item : t[5].cast<py::list>()) {
       auto slot = slot_item.cast<py::tuple>();
       adapter::TensorSlot tensor_slot;
@@ -153,6 +158,8 @@ adapter::OffloadOptions offload_options(const OffloadArgs& args) {
     options.env = core::EnvMap(env.begin(), env.end());
   }
   options.device = args.device;
+  options.quantize = args.quantize;
+  options.keep_dense_modules = args.keep_dense_modules;
   return options;
 }
 
@@ -396,8 +403,11 @@ void bind_offload_handle(py::module_& m) {
          bool build_profile, const core::DynamicOffloadSettings* settings, py::object config,
          py::object overrides, const std::string& execution_device, py::object record_event,
          py::object env, std::shared_ptr<engine::Device> device, bool check_signals,
-         py::object load, std::vector<std::string> extra_skip_patterns) {
+         py::object load, std::vector<std::string> extra_skip_patterns, const std::string& quantize,
+         std::vector<std::string> keep_dense_modules) {
         OffloadArgs args;
+        args.quantize = quantize;
+        args.keep_dense_modules = std::move(keep_dense_modules);
         args.extra_skip_patterns = std::move(extra_skip_patterns);
         args.model_class = model_class;
         args.entries = entries;
@@ -420,7 +430,12 @@ void bind_offload_handle(py::module_& m) {
       py::arg("config") = py::none(), py::arg("overrides") = py::none(),
       py::arg("execution_device") = "", py::arg("record_event") = py::none(),
       py::arg("env") = py::none(), py::arg("device") = nullptr, py::arg("check_signals") = true,
-      py::arg("load") = py::none(), py::arg("extra_skip_patterns") = std::vector<std::string>{});
+      py::arg("load") = py::none(), py::arg("extra_skip_patterns") = std::vector<std::string>{},
+      py::arg("quantize") = "", py::arg("keep_dense_modules") = std::vector<std::string>{},
+      "enable_offload over a Python module tree (ddo.api._gather); quantize= is "
+      "OffloadOptions::quantize (its stock Linears served from quantized copies, the modules "
+      "unchanged), keep_dense_modules its OffloadOptions::keep_dense_modules "
+      "(_keep_in_fp32_modules).");
 }
 
 void bind_loader(py::module_& m) {
@@ -446,22 +461,6 @@ void bind_loader(py::module_& m) {
       py::arg("path"),
       "The checkpoint's tensors as meta tensors of their stored shapes and dtypes, by name "
       "(headers only, validated as the loader validates them).");
-  m.def(
-      "load_weights",
-      [](const std::string& model_class, const py::list& entries, py::dict load,
-         py::object record_event) {
-        adapter::ModuleTree tree = tree_from(model_class, entries);
-        const adapter::LoadOptions load_opts = load_options(load);
-        auto events = std::make_shared<SetupEvents>();
-        events->host_callback = std::move(record_event);
-        const adapter::RecordEvent callback = SetupEvents::callback(events);
-        py::gil_scoped_release release;
-        adapter::load_weights(tree, load_opts, callback);
-      },
-      py::arg("model_class"), py::arg("entries"), py::arg("load"),
-      py::arg("record_event") = py::none(),
-      "Every tensor the files hold into ordinary CPU memory (loader.h load_weights): what a load "
-      "with quantize= reads before it quantizes.");
   m.def(
       "load_weights_for_offload",
       [](const std::string& model_class, const py::list& entries, py::dict load,

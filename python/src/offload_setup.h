@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 
@@ -40,7 +41,9 @@ struct OffloadArgs {
   py::object env;  // None or dict[str, str]
   std::shared_ptr<engine::Device> device;
   bool check_signals = true;
-  py::object load;  // None or {"path", "read_workers", "allow_unexpected_keys"} (loader.h)
+  py::object load;       // None or {"path", "read_workers", "allow_unexpected_keys"} (loader.h)
+  std::string quantize;  ///< OffloadOptions::quantize
+  std::vector<std::string> keep_dense_modules;  ///< OffloadOptions::keep_dense_modules
 };
 
 // The options of `args` (settings, config, overrides, environment, device); needs the GIL.

@@ -17,6 +17,11 @@ std::optional<QuantType> parse_quantize_option(std::string_view text) {
 const char* quantize_skip_reason(std::int64_t out_features, std::int64_t in_features,
                                  c10::ScalarType dtype) {
   if (!c10::isFloatingType(dtype)) return "the weight is not floating point";
+  // The layout's result dtypes (Layout::decode): a float64 Linear computes in float64.
+  if (dtype != c10::kBFloat16 && dtype != c10::kHalf && dtype != c10::kFloat) {
+    return "the weight is neither bfloat16, float16 nor float32 (a quantized layer computes in "
+           "one of those)";
+  }
   if (out_features % 16 != 0 || in_features % 16 != 0) {
     return "a dimension is not a multiple of 16 (the GEMMs' alignment)";
   }

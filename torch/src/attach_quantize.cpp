@@ -5,11 +5,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
 #include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
+#include <fmt/format.h>
 
 #include "ddo/core/mapped_file.h"
 #include "ddo/core/status.h"
@@ -78,6 +80,46 @@ const char* skip_reason(const at::Tensor& w,
   return nullptr;
 }
 
+// Why a Linear stays dense whatever its weight holds: its class, its role, or the model's own
+// wish; nullopt when its weight decides (skip_reason). A subclass's forward is its own (a LoRA
+// wrapper's, a library's custom Linear) and may read the weight in ways the placeholder does not
+// serve as a Linear. An adapter (a component of its name starts with "lora": peft's lora_A and
+// lora_B, diffusers' lora_layer, kohya's lora_up and lora_down) holds small updates that
+// quantizing would lose, and is what a host trains or swaps. A module the model keeps at full
+// precision (diffusers' and transformers' _keep_in_fp32_modules, matched as their loaders match it:
+// a component of the name) is one whose forward reads its parameters' dtype.
+std::optional<std::string> module_keep_reason(const ModuleEntry& entry,
+                                              const OffloadOptions& options) {
+  if (!entry.stock_class) {
+    return fmt::format(
+        "a subclass of Linear ({}) whose forward is its own: quantize= serves the stock Linear "
+        "only",
+        entry.class_name);
+  }
+  std::vector<std::string_view> components;
+  for (std::size_t begin = 0; begin <= entry.name.size();) {
+    std::size_t end = entry.name.find('.', begin);
+    if (end == std::string::npos) end = entry.name.size();
+    components.emplace_back(std::string_view(entry.name).substr(begin, end - begin));
+    begin = end + 1;
+  }
+  for (const std::string& kept : options.keep_dense_modules) {
+    for (std::string_view c : components) {
+      if (c == kept) {
+        return fmt::format("the model keeps it at full precision (_keep_in_fp32_modules: {})",
+                           kept);
+      }
+    }
+  }
+  for (std::string_view c : components) {
+    if (c.substr(0, 4) == "lora") {
+      return fmt::format("a LoRA adapter ({} in its name): adapters stay at the model's precision",
+                         c);
+    }
+  }
+  return std::nullopt;
+}
+
 // The checkpoint files that dense weights of quantized Linears point into, each mapped
 // copy-on-write once; the tensors over them keep this alive.
 struct MappedCheckpoint {
@@ -125,6 +167,10 @@ void quantize_linears(OffloadState& s, const OffloadOptions& options) {
     const at::Tensor weight = entry.tensors[w].tensor;
     // The report names layers by module, as Python's quantize= does.
     const std::string name = entry.name.empty() ? "<root>" : entry.name;
+    if (std::optional<std::string> why = module_keep_reason(entry, options)) {
+      s.kept_dense[name] = std::move(*why);
+      continue;
+    }
     if (const char* why = skip_reason(weight, uses)) {
       s.kept_dense[name] = why;
       continue;
@@ -229,13 +275,28 @@ nlohmann::json quantized_compute_report(const OffloadState& s) {
   nlohmann::json layers = nlohmann::json::object();
   std::map<std::string, int> counts;
   const sdnq::GemmTarget target = sdnq::gemm_target(s.torch_device);
+  // A full-size input: the rows of a diffusion step's tokens.
+  constexpr std::int64_t kRows = 4096;
   for (const QuantizedLinear& q : s.quantized) {
     const sdnq::Layout layout = sdnq::Layout::decode(q.layout_code);
-    // A full-size input: the rows of a diffusion step's tokens.
-    constexpr std::int64_t kRows = 4096;
     const sdnq::LinearPathChoice c =
         sdnq::choose_linear_path(layout, c10::kFloat, layout.result_dtype, kRows, target);
     layers[q.name] = {{"path", sdnq::to_string(c.path)}, {"why", std::string(c.why)}};
+    ++counts[sdnq::to_string(c.path)];
+  }
+  // The model's own SDNQ layers (the sdnq package's, ddo's QuantizedLinear, SdnqLinear) take
+  // the same choice with their scales' dtype.
+  for (const ModuleEntry& entry : s.tree.entries) {
+    if (entry.kind != core::ModuleKind::kSdnq || entry.sdnq_layout.empty()) continue;
+    const sdnq::Layout layout = sdnq::Layout::decode(entry.sdnq_layout);
+    c10::ScalarType scale_dtype = c10::kFloat;
+    for (const TensorSlot& slot : entry.tensors) {
+      if (slot.name == "scale" && slot.tensor.defined()) scale_dtype = slot.tensor.scalar_type();
+    }
+    const sdnq::LinearPathChoice c =
+        sdnq::choose_linear_path(layout, scale_dtype, layout.result_dtype, kRows, target);
+    layers[entry.name.empty() ? "<root>" : entry.name] = {{"path", sdnq::to_string(c.path)},
+                                                          {"why", std::string(c.why)}};
     ++counts[sdnq::to_string(c.path)];
   }
   return {{"quantize", s.quantize.empty() ? "none" : s.quantize},

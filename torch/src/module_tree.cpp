@@ -1,5 +1,7 @@
 #include "ddo/torch/module_tree.h"
 
+#include <typeinfo>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -46,6 +48,11 @@ ModuleTree module_tree_from(torch::nn::Module& model) {
     entry.name = item.key();
     entry.class_name = module_class_name(*module);
     entry.kind = detect_kind(*module);
+    entry.stock_class =
+        entry.kind != core::ModuleKind::kLinear || typeid(*module) == typeid(torch::nn::LinearImpl);
+    if (const auto* sdnq_layer = dynamic_cast<const sdnq::SdnqLinearImpl*>(module.get())) {
+      entry.sdnq_layout = sdnq_layer->layout().encode();
+    }
     entry.is_leaf = module->children().empty();
     entry.training = module->is_training();
     for (const auto& p : module->named_parameters(/*recurse=*/false)) {

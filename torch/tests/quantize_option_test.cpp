@@ -11,6 +11,7 @@
 #include <ATen/ops/randn.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
 #include "ddo/core/status.h"
@@ -271,6 +272,37 @@ TEST(QuantizeOption, TiedWeightsStayDense) {
   EXPECT_NE(q.at("kept_dense").at("up").get<std::string>().find("tied"), std::string::npos)
       << q.dump();
   EXPECT_TRUE(q.at("kept_dense").contains("down")) << q.dump();
+}
+
+// Kept dense whatever their weights: a module the options keep at full precision, a LoRA
+// adapter, a Linear subclass (a Python builder's stock_class = false), a float64 weight.
+TEST(QuantizeOption, LinearsKeptDenseByTheirRoleOrDtypeSayWhy) {
+  torch::nn::Sequential seq;
+  seq->push_back("time_embedder", torch::nn::Linear(256, 256));
+  seq->push_back("lora_A", torch::nn::Linear(256, 256));
+  seq->push_back("custom", torch::nn::Linear(256, 256));
+  seq->push_back("plain", torch::nn::Linear(256, 256));
+  seq->push_back("float64", torch::nn::Linear(256, 256));
+  seq->to(at::kBFloat16);
+  seq->ptr(4)->to(at::kDouble);
+  ModuleTree tree = module_tree_from(*seq);
+  for (ModuleEntry& e : tree.entries) e.stock_class = e.name != "custom";
+  TempDir dir;
+  OffloadOptions o = quantize_options(dir, "fp8");
+  o.keep_dense_modules = {"time_embedder"};
+  auto offload = enable_offload_tree(std::move(tree), o);
+  const nlohmann::json q = offload->report().at("quantized_compute");
+  EXPECT_EQ(q.at("layers").size(), 1U) << q.dump();
+  EXPECT_TRUE(q.at("layers").contains("plain")) << q.dump();
+  const nlohmann::json& kept = q.at("kept_dense");
+  EXPECT_EQ(kept.at("time_embedder"),
+            "the model keeps it at full precision (_keep_in_fp32_modules: time_embedder)");
+  EXPECT_EQ(kept.at("lora_A"),
+            "a LoRA adapter (lora_A in its name): adapters stay at the model's precision");
+  EXPECT_NE(kept.at("custom").get<std::string>().find("a subclass of Linear"), std::string::npos)
+      << q.dump();
+  EXPECT_NE(kept.at("float64").get<std::string>().find("neither bfloat16"), std::string::npos)
+      << q.dump();
 }
 
 }  // namespace

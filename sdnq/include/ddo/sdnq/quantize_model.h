@@ -1,13 +1,15 @@
 /// \file
-/// `quantize=`: turning a bf16 model's Linears into quantized-matmul layers as ddo places them.
+/// `quantize=`: a bf16 model's Linears computed by quantized-matmul layers as ddo places them.
 ///
-/// Python's enable_offload(..., quantize="fp8" | "int8") quantizes each dense Linear that
-/// qualifies to one scale per output row in the plain SDNQ layout with quantized_matmul set
-/// (quantize.h), so it computes with the card's low-precision GEMM (quantized_matmul.h) and
-/// streams half the bytes. The rules live here, once; Python asks them through the
-/// ddo::sdnq_quantize_skip op. A LibTorch program builds the same layer itself:
-/// `SdnqLinear(dense, quantize_model_options(type))` (linear.h), since replacing a registered
-/// child does not reach the holder a torch::nn module's forward calls.
+/// enable_offload(..., quantize="fp8" | "int8") (OffloadOptions::quantize, from C++ and Python)
+/// serves each dense Linear that qualifies from a copy quantized to one scale per output row in
+/// the plain SDNQ layout with quantized_matmul set (quantize.h), so it computes with the card's
+/// low-precision GEMM (quantized_matmul.h) and streams half the bytes, while the model keeps its
+/// modules and dense weights (Note [Quantized dense weights] in torch/src/attach_quantize.cpp).
+/// The weight rules live here, once: the attach asks them, and so does Python's explicit offline
+/// tool ddo.sdnq.quantize_model (through the ddo::sdnq_quantize_skip op). A model that should
+/// stay quantized is built from `SdnqLinear(dense, quantize_model_options(type))` layers
+/// (linear.h).
 ///
 /// ```
 /// std::optional<QuantType> t = parse_quantize_option("fp8");    // kFloat8E4M3
@@ -36,8 +38,8 @@ std::optional<QuantType> parse_quantize_option(std::string_view text);
 inline constexpr std::int64_t kMinQuantizedWeights = 16384;
 
 /// Why a dense Linear [out, in] of `dtype` stays dense under `quantize=`, or nullptr when it is
-/// quantized: a floating-point weight, both dimensions multiples of 16 (the GEMMs' alignment),
-/// at least kMinQuantizedWeights weights.
+/// quantized: a bfloat16, float16 or float32 weight (the layout's result dtypes), both
+/// dimensions multiples of 16 (the GEMMs' alignment), at least kMinQuantizedWeights weights.
 const char* quantize_skip_reason(std::int64_t out_features, std::int64_t in_features,
                                  c10::ScalarType dtype);
 

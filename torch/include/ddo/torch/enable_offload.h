@@ -104,6 +104,10 @@ struct OffloadOptions {
   /// checkpoint file (mapped copy-on-write: page cache, no memory of its own) where the file
   /// holds it in the model's dtype, and is read into host memory otherwise.
   std::string quantize;
+  /// Module names a model keeps at full precision (diffusers' and transformers'
+  /// `_keep_in_fp32_modules`): under `quantize=` a Linear with one of them as a component of its
+  /// dotted name stays dense, matched as those libraries' loaders match it.
+  std::vector<std::string> keep_dense_modules;
 };
 
 /// The handle enable_offload() returns: the model's weights are placed by ddo for as long as it

@@ -29,6 +29,7 @@
 /// ```
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,15 @@ struct ModuleEntry {
   /// In training mode (`module.training`, `is_training()`): a streamed weight that requires grad
   /// here is refused at attach (Note [Training under offload] in attach_plan.cpp).
   bool training = false;
+  /// For a Linear: the framework's own class (Python `type(m) is nn.Linear`, LibTorch
+  /// `torch::nn::LinearImpl`), not a subclass whose forward is its own and may not read the
+  /// weight as a Linear does. quantize= serves stock Linears only (Note [Quantized dense weights]
+  /// in attach_quantize.cpp); a subclass still streams as a Linear.
+  bool stock_class = true;
+  /// For an SDNQ layer: its layout code (sdnq::Layout::encode()), which the report's
+  /// quantized_compute reads to say which path the layer takes; empty when the builder did not
+  /// read it.
+  std::vector<std::int64_t> sdnq_layout;
   std::vector<TensorSlot> tensors;  ///< direct parameters, then buffers
 };
 
