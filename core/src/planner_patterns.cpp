@@ -99,31 +99,68 @@ void Planner::apply_skip() {
          fmt::format("{} modules ({}) left where they are", modules, gib(bytes)));
 }
 
+// Note [Adapter modules]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// PEFT (and diffusers' load_lora_adapter / load_lora_weights through it) adds a layer's adapter
+// as small modules beside its base: `to_q.lora_A.<adapter>` and `to_q.lora_B.<adapter>` (rank r
+// by the layer's width: a rank-16 adapter on a FLUX transformer is about 1% of its bytes), DoRA's
+// `lora_magnitude_vector`, an Embedding's `lora_embedding_A/B`. They are resident on the
+// execution device whatever the patterns say, on top of the budget like
+// always_resident_modules_pattern and counted in always_resident_bytes: streamed, every adapter
+// would be a unit of a few KiB copied per step, fusing (B @ A per layer) would read each through
+// the scheduler, and an adapter being trained needs its weights where its gradient is made
+// (Note [Training under offload] in torch/src/attach_plan.cpp). skip_modules_pattern still wins.
+constexpr const char* kAdapterModulesPattern =
+    R"((^|\.)(lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)$)";
+
 void Planner::apply_always_resident() {
   always_resident_.assign(n_, false);
-  if (config_.always_resident_modules_pattern.empty()) return;
-  CompiledPatterns patterns =
-      compile(config_.always_resident_modules_pattern, "always_resident_modules_pattern");
-  std::vector<std::string> matched;
-  mark_with_descendants(patterns, &always_resident_, &matched);
-  std::vector<std::string> kept;
+  // Marks the modules `patterns` match and their descendants; adds the bytes of those newly
+  // marked to always_resident_bytes_ and records the decision `what`.
+  std::vector<bool> holds_bytes(n_, false);  // the module or a descendant has tensors
   for (std::size_t m = 0; m < n_; ++m) {
-    if (skipped_[m]) always_resident_[m] = false;  // skip wins: the host owns those
-    if (!always_resident_[m]) continue;
-    always_resident_bytes_ += inv_.modules[m].bytes();
+    if (inv_.modules[m].bytes() == 0) continue;
+    for (std::optional<std::size_t> cur = m; cur && !holds_bytes[*cur]; cur = parent_[*cur]) {
+      holds_bytes[*cur] = true;
+    }
   }
-  for (const std::string& name : matched) {
-    auto index = inv_.module_index(name);
-    if (index && always_resident_[*index]) kept.push_back(name);
+  // `with_bytes`: list only matched modules that hold bytes (PEFT adds an empty lora_embedding_A
+  // to every Linear it wraps).
+  auto mark = [&](const CompiledPatterns& patterns, const char* what, const char* summary,
+                  bool with_bytes) {
+    std::vector<bool> flags;
+    std::vector<std::string> matched;
+    mark_with_descendants(patterns, &flags, &matched);
+    std::int64_t bytes = 0;
+    for (std::size_t m = 0; m < n_; ++m) {
+      if (skipped_[m]) flags[m] = false;  // skip wins: the host owns those
+      if (!flags[m] || always_resident_[m]) continue;
+      always_resident_[m] = true;
+      bytes += inv_.modules[m].bytes();
+    }
+    always_resident_bytes_ += bytes;
+    std::vector<std::string> kept;
+    for (const std::string& name : matched) {
+      auto index = inv_.module_index(name);
+      if (!index || !flags[*index]) continue;
+      if (with_bytes && !holds_bytes[*index]) continue;
+      kept.push_back(name);
+    }
+    if (kept.empty()) return;
+    decide(what,
+           {{"patterns", patterns.sources},
+            {"matched", names_json(kept)},
+            {"modules_matched", kept.size()},
+            {"bytes", bytes}},
+           fmt::format("{} modules ({}) {}", kept.size(), gib(bytes), summary));
+  };
+  if (!config_.always_resident_modules_pattern.empty()) {
+    mark(compile(config_.always_resident_modules_pattern, "always_resident_modules_pattern"),
+         "always_resident", "resident on top of the budget", false);
   }
-  if (kept.empty()) return;
-  decide("always_resident",
-         {{"patterns", patterns.sources},
-          {"matched", names_json(kept)},
-          {"modules_matched", kept.size()},
-          {"bytes", always_resident_bytes_}},
-         fmt::format("{} modules ({}) resident on top of the budget", kept.size(),
-                     gib(always_resident_bytes_)));
+  // Note [Adapter modules].
+  mark(compile({kAdapterModulesPattern}, "adapter modules"), "adapters_resident",
+       "of adapters (LoRA) resident on top of the budget", true);
 }
 
 std::vector<BlockGroup> Planner::find_block_groups() const {

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from . import _C
+from . import adapters as _adapters
 from . import sdnq as _sdnq
 from ._progress import SetupProgress
 from .config import DynamicOffloadConfig, DynamicOffloadSettings, _config_fields
@@ -132,6 +133,8 @@ class OffloadResult:
         self._kept = kept
         self._events = events
         self._sdnq_modules: list[nn.Module] = []
+        # Adapters added and writes through .data while attached (adapters.py).
+        self._watch: Optional[_adapters._Watch] = None
 
     def _install_sdnq_forwards(self, layers: list[tuple], executing: bool) -> None:
         # While the offload executes, SDNQ layers run ddo::sdnq_linear (their packed tensors may
@@ -166,6 +169,8 @@ class OffloadResult:
                             ("keep_residents", keep_residents)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+        _adapters.unwatch(self._watch)
+        self._watch = None
         self._native.remove(clear_weight_cache=clear_weight_cache, keep_residents=keep_residents)
         for module in self._sdnq_modules:
             _sdnq.restore_forward(module)
@@ -191,6 +196,8 @@ class OffloadResult:
                 {"name": n, "seconds": s, "payload": p} for n, s, p in self._events
             ],
         }
+        if self._watch is not None:
+            r["python"]["adapters_added"] = self._watch.report()
         return r
 
     def summary(self) -> str:
@@ -530,7 +537,10 @@ def _enable(
         raise
     progress.close()
     result = OffloadResult(model, native, model_class, kept, progress.events)
-    result._install_sdnq_forwards(sdnq_layers, native.report().get("executing", False))
+    executing = native.report().get("executing", False)
+    result._install_sdnq_forwards(sdnq_layers, executing)
+    if executing and not jit:
+        result._watch = _adapters.watch(model, native.report().get("execution_device", "cpu"))
     try:
         object.__setattr__(model, _ATTR, result)
     except Exception:  # a module that forbids attributes still works through the result

@@ -688,11 +688,17 @@ void repoint_managed(ReplacedTensor& r, const std::shared_ptr<StreamRuntime>& rt
   at::Tensor managed = make_managed_tensor(data, span_bytes(r.handle), r.sizes, r.strides,
                                            r.handle.scalar_type(), rt, unit, offset);
   set_weight(r.handle, managed);
+  ManagedWeight* record = managed_of(managed);
   if (r.handle.requires_grad()) {
     r.handle.set_requires_grad(false);
-    ++rt->frozen_weights;
+    if (r.trainable) {
+      record->trainable_index = static_cast<int>(rt->trainable_names.size());
+      rt->trainable_names.push_back(r.name);
+    } else {
+      ++rt->frozen_weights;
+    }
   }
-  managed_of(managed)->version = current_version(r.handle);
+  record->version = current_version(r.handle);
 }
 
 // Phase 5c: fills the slabs and re-points every streamed tensor at its managed storage.
@@ -905,50 +911,55 @@ void finish_attach(OffloadState& s) {
 // base needs.
 //
 // What must not happen is a training step that silently leaves a weight without its gradient.
-// Every parameter requires grad by default and every module starts in training mode, in Python
-// and in C++, so neither says "this will be trained". What does is a model in training mode
-// whose parameters the host has sorted, some frozen and some not: then a streamed weight that
-// still requires grad is one the host means to train (an adapter the plan would stream), and the
-// attach fails naming its modules, before anything moves. Otherwise (an untouched model, all
-// parameters requiring grad) the weights are frozen for inference, counted in the report, and the
-// first op that runs with autograd enabled warns once per offload (StageScope::stage).
-void refuse_trainable_streamed(const OffloadState& s) {
-  // A quantized Linear's slot holds its quantized weight; whether it is trained is its dense
-  // weight's (Note [Quantized dense weights] in attach_quantize.cpp).
-  std::map<std::pair<std::size_t, std::size_t>, const at::Tensor*> dense_of;
-  for (const QuantizedLinear& q : s.quantized) dense_of[{q.entry, q.slot}] = &q.handle;
-  bool sorted = false;  // some parameter of the model is frozen
+// Neither a parameter's requires_grad nor a module's training flag says "this will be trained":
+// every parameter requires grad by default and every module starts in training mode, and
+// diffusers' load_lora_adapter leaves the injected LoRA modules in training mode with their
+// weights requiring grad for a model that only runs inference. What decides is autograd at run
+// time. A streamed weight that still requires grad in a model whose host froze some other
+// parameter (the host sorted them: an adapter, a block being fine-tuned) is marked trainable:
+// the attach succeeds, ops under torch.no_grad() or inference mode run, and the first op that
+// stages it with autograd enabled throws, naming it (StageScope::stage), before anything is
+// computed with a gradient missing. In an untouched model (every parameter requiring grad) the
+// streamed weights are frozen, counted in the report, and the first op with autograd enabled
+// warns once. The LoRA matrices themselves are planned resident (Note [Adapter modules] in
+// core/src/planner_patterns.cpp), so adapters train on a streamed base. One attach-time refusal
+// stays: a quantized Linear's dense weight that requires grad in a module in training mode
+// (quantize=), which is served from its quantized copy and could never be trained.
+bool host_froze_some_parameter(const OffloadState& s) {
   for (const ModuleEntry& entry : s.tree.entries) {
     for (const TensorSlot& slot : entry.tensors) {
-      sorted = sorted || (slot.is_parameter && !slot.tensor.requires_grad());
+      if (slot.is_parameter && !slot.tensor.requires_grad()) return true;
     }
   }
-  for (const QuantizedLinear& q : s.quantized) sorted = sorted || !q.handle.requires_grad();
-  if (!sorted) return;
+  for (const QuantizedLinear& q : s.quantized) {
+    if (!q.handle.requires_grad()) return true;
+  }
+  return false;
+}
+
+void mark_trainable(OffloadState& s) {
+  if (!host_froze_some_parameter(s)) return;
+  for (ReplacedTensor& r : s.replaced) r.trainable = r.requires_grad;
+}
+
+void refuse_trainable_streamed(const OffloadState& s) {
+  if (s.quantized.empty() || !host_froze_some_parameter(s)) return;
   std::vector<std::string> names;
-  std::size_t count = 0;
-  for (std::size_t m = 0; m < s.tree.entries.size(); ++m) {
-    const ModuleEntry& entry = s.tree.entries[m];
-    if (!entry.training) continue;
-    bool listed = false;
-    for (std::size_t t = 0; t < entry.tensors.size(); ++t) {
-      if (s.plan.modules[m].tensors[t].action != core::TensorAction::kStream) continue;
-      const auto dense = dense_of.find({m, t});
-      const at::Tensor& tensor = dense == dense_of.end() ? entry.tensors[t].tensor : *dense->second;
-      if (!tensor.requires_grad()) continue;
-      ++count;
-      if (!listed && names.size() < 8) names.push_back(entry.name.empty() ? "<root>" : entry.name);
-      listed = true;
-    }
+  for (const QuantizedLinear& q : s.quantized) {
+    if (!s.tree.entries[q.entry].training || !q.handle.requires_grad()) continue;
+    if (s.plan.modules[q.entry].tensors[q.slot].action != core::TensorAction::kStream) continue;
+    names.push_back(q.name.empty() ? "<root>" : q.name);
   }
-  if (count == 0) return;
+  if (names.empty()) return;
+  const std::size_t count = names.size();
+  if (names.size() > 8) names.resize(8);
   throw Error(Code::kFailedPrecondition,
-              fmt::format("enable_offload: {} weight(s) that require grad would be streamed in "
+              fmt::format("enable_offload: {} quantized Linear weight(s) that require grad are in "
                           "modules in training mode ({}{}), while other parameters are frozen; "
-                          "streamed weights are inference-only and would get no gradient. Keep "
-                          "the modules you train resident (always_resident_modules_pattern), or "
-                          "freeze them with requires_grad_(False); for inference, call eval() on "
-                          "the model",
+                          "streamed quantized weights are inference-only and would get no "
+                          "gradient. Keep the modules you train resident "
+                          "(always_resident_modules_pattern), or freeze them with "
+                          "requires_grad_(False); for inference, call eval() on the model",
                           count, fmt::join(names, ", "), names.size() < count ? ", ..." : ""));
 }
 
@@ -959,6 +970,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
   refuse_trainable_streamed(s);
   std::vector<std::size_t> stays_from_file;
   const std::vector<std::vector<int>> replaced_of = collect_replaced(s, stays_from_file);
+  mark_trainable(s);
   check_smallest_plan_fits(s);
   if (!stays_from_file.empty()) read_kept_from_file(s, replaced_of, std::move(stays_from_file));
   place_residents(s, replaced_of);

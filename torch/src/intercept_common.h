@@ -41,7 +41,10 @@ struct QuantizedDense;  // quantized_dense.h
 // managed argument. On a change the staged copies are dropped (the next acquire copies the new
 // bytes) and the version is taken; a weight of the disk tier cannot be served from its host
 // copy (the scheduler reads the checkpoint), so its change is an error that says what to do.
-// Writes through `.data` get a fresh version counter from torch and are not seen (docs/guide.md).
+// torch gives `.data` a fresh version counter, so a write through it would not be seen: while
+// attached, Python's streamed Parameters are ddo.adapters.StreamedParameter, whose `.data` is a
+// detach() (the parameter's counter) and whose `.data = t` copies into the host copy (PEFT's
+// merges; python/ddo/adapters.py). From C++, write through the parameter (docs/guide.md).
 void note_changed_in_place(ManagedWeight* m, std::uint32_t version);
 
 inline ManagedWeight* managed_checked(const at::Tensor& t) {
@@ -98,6 +101,8 @@ class StageScope {
     void* base;
   };
   void* acquire(ManagedWeight* m, engine::Stream stream);
+  // Throws: `m` may be trained, and this op runs with autograd enabled.
+  void refuse_grad(const ManagedWeight& m) const;
   // Throws unless this kernel's device kind is the offload's (`device` names it in the error).
   void check_kind(engine::DeviceKind offload_kind, const c10::Device& device) const;
   // A placeholder of a quantized Linear weight read by an op other than a Linear's: its

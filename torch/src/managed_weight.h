@@ -65,6 +65,9 @@ struct StreamRuntime {
   // attach_plan.cpp); the first op with autograd enabled warns once.
   std::int64_t frozen_weights = 0;
   bool warned_grad = false;
+  // Cold: the streamed weights that required grad in a model whose host froze others, by name;
+  // ops that stage one of them with autograd enabled throw (Note [Training under offload]).
+  std::vector<std::string> trainable_names;
   std::int64_t changed_in_place = 0;  // COUNT: in-place changes served (Note [Weights changed
                                       // in place])
 
@@ -95,6 +98,10 @@ struct ManagedWeight {
   // The version counter of the parameter when it was last served (Note [Weights changed in
   // place] in intercept_common.h).
   std::uint32_t version = 0;
+  // >= 0 for a weight the host may train (Note [Training under offload] in attach_plan.cpp): its
+  // name is runtime->trainable_names[trainable_index], and an op that stages it while autograd
+  // is enabled throws.
+  int trainable_index = -1;
   // Set for a dense Linear weight served from its quantized copy (Note [Quantized dense
   // weights] in attach_quantize.cpp): the record owns no unit (`unit` is -1) and the ops that
   // read it compute from the quantized tensors this points to.

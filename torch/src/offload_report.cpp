@@ -84,6 +84,9 @@ nlohmann::json run_report(const OffloadState& s) {
     run["intercepted_ops"] = s.runtime->intercepted_ops;
     run["weights_changed_in_place"] = s.runtime->changed_in_place;
     run["weights_frozen"] = s.runtime->frozen_weights;
+    // Note [Training under offload]: streamed weights the host may train (ops with autograd
+    // enabled that read one throw).
+    run["weights_trainable"] = s.runtime->trainable_names.size();
     run["acquires"] = st.acquires;
     run["bytes_streamed"] = st.bytes_copied;
     // Totals from the timed samples (Note [Copy timing]): all of them in Timing::kFull.

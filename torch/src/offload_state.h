@@ -30,6 +30,9 @@ struct ReplacedTensor {
   std::vector<int64_t> strides;
   c10::Device original_device = c10::Device(c10::kCPU);
   bool requires_grad = false;
+  // Requires grad in a model whose host froze other parameters: a weight the host may train, so
+  // a streamed one refuses ops that run with autograd (Note [Training under offload]).
+  bool trainable = false;
   core::TensorAction action = core::TensorAction::kKeep;
   int tied_to = -1;  // index of the first tensor sharing the same view (tied weights)
   std::string name;  // "module.tensor", for the pinned-weight cache

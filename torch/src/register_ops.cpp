@@ -157,12 +157,27 @@ void StageScope::check_kind(engine::DeviceKind offload_kind, const c10::Device& 
               "; move the inputs to ", device.str(), " (the offload's execution device)");
 }
 
+// Note [Training under offload] in attach_plan.cpp: before anything is staged or computed.
+void StageScope::refuse_grad(const ManagedWeight& m) const {
+  const StreamRuntime& rt = *m.runtime;
+  const std::string& name = rt.trainable_names[static_cast<std::size_t>(m.trainable_index)];
+  TORCH_CHECK(false, "ddo: ", op_, " runs with autograd enabled and reads ", name,
+              ", a streamed weight that requires grad while other parameters of the model are "
+              "frozen (",
+              rt.trainable_names.size(),
+              " such weight(s)); streamed weights are inference-only and would get no gradient. "
+              "For inference, run under torch.no_grad() or torch.inference_mode(); to train it, "
+              "keep its module resident (always_resident_modules_pattern) and attach again; or "
+              "freeze it with requires_grad_(False) before enable_offload");
+}
+
 at::Tensor StageScope::stage(const at::Tensor& t) {
   ManagedWeight* m = managed_of(t);
   if (m == nullptr) return t;
   if (C10_UNLIKELY(m->quant != nullptr)) return stage_dequantized(t, *m->quant);
   StreamRuntime* rt = m->runtime;
   check_kind(rt->kind, rt->execution_device);
+  if (C10_UNLIKELY(m->trainable_index >= 0) && at::GradMode::is_enabled()) refuse_grad(*m);
   engine::Stream stream = engine::kDefaultStream;
   if (kind_ == engine::DeviceKind::kCuda) {
     CurrentStreamFn fn = current_stream_fn();
