@@ -42,17 +42,50 @@ _ADAPTER_MODULE = re.compile(
 )
 
 
+def _to_host(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor) and value.device != device:
+        return value.to(device)
+    return value
+
+
+class HostData(torch.Tensor):
+    """What ``.data`` of a streamed Parameter gives: its host copy (a CPU tensor over ddo's host
+    bytes, sharing the Parameter's version counter), where an op's other tensors on the
+    execution device are brought to the host first. PEFT's merge computes a LoRA delta where the
+    adapters live (the GPU) and adds it in place (``weight.data += delta``), or adds it to a
+    clone and assigns that; the write lands in the host copy and the next forward copies it,
+    costing no device memory beyond the delta. Results of its ops are HostData too, so a clone
+    keeps the rule. Only ``.data`` returns one: a forward reads the Parameter itself, and pays
+    nothing for this."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        # Attribute reads (.device) come here too: the subclass is off for everything below.
+        with torch._C.DisableTorchFunctionSubclass():
+            host = next((a for a in args if isinstance(a, HostData)), None)
+            if host is not None:
+                device = host.device
+                args = tuple(_to_host(a, device) for a in args)
+                kwargs = {k: _to_host(v, device) for k, v in kwargs.items()}
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and not isinstance(out, HostData) and out.is_cpu:
+                out = out.as_subclass(HostData)
+        return out
+
+
 class StreamedParameter(nn.Parameter):
     """The class of a streamed Parameter while its offload is attached (an nn.Parameter).
 
-    ``.data`` is ``detach()``: the same storage and, unlike torch's ``.data``, the same version
-    counter, so an in-place write through it reaches the next forward. ``.data = t`` writes
+    ``.data`` is a :class:`HostData` over ``detach()``: the same storage and, unlike torch's
+    ``.data``, the same version counter, so an in-place write through it reaches the next
+    forward, with operands from the execution device brought to the host. ``.data = t`` writes
     ``t``'s values into ddo's host copy; a ``t`` of another shape or dtype is refused, naming
     the parameter."""
 
     @property
     def data(self) -> torch.Tensor:  # type: ignore[override]
-        return torch.Tensor.detach(self)
+        return torch.Tensor._make_subclass(HostData, torch.Tensor.detach(self), False)
 
     @data.setter
     def data(self, value: torch.Tensor) -> None:

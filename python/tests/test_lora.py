@@ -289,3 +289,51 @@ def test_writes_through_data_are_seen_and_a_reshaping_one_is_refused_by_name():
     assert type(model[0].weight) is nn.Parameter
     for (name, p), (_, q) in zip(model.state_dict().items(), reference.state_dict().items()):
         assert torch.equal(p, q), name
+
+
+# -- on a CUDA card (skipped, saying so, without one) ---------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+
+def run_on(model, device):
+    with torch.no_grad():
+        return model(**{k: v.to(device) for k, v in inputs().items()}).sample
+
+
+@needs_cuda
+@pytest.mark.parametrize("safe", [False, True])
+def test_on_cuda_adapters_before_and_after_attach_fuse_and_unfuse_match_the_resident_model(safe):
+    # The adapters' matrices live on the card while the base weights stream from the host: the
+    # fuse computes each delta on the card and writes it into the host copy (HostData).
+    model = flux()
+    reference = copy.deepcopy(model).cuda()
+    a, b = lora_state_dict(model, 1), lora_state_dict(model, 2)
+    for m in (model, reference):
+        m.load_lora_adapter(dict(a), prefix="transformer", adapter_name="a")  # before the attach
+    offload = attach(model, **dict(STREAM_ALL, execution_device="cuda"))
+
+    def same():
+        torch.testing.assert_close(run_on(model, "cuda"), run_on(reference, "cuda"),
+                                   rtol=1e-4, atol=1e-5)
+
+    same()
+    for m in (model, reference):
+        m.load_lora_adapter(dict(b), prefix="transformer", adapter_name="b")  # after the attach
+        m.set_adapters(["a", "b"], [1.0, 0.5])
+    same()
+    assert offload.report()["python"]["adapters_added"] > 0
+    allocated = torch.cuda.memory_allocated()
+    for m in (model, reference):
+        m.fuse_lora(safe_fusing=safe)
+    same()
+    # The fused values went to the host copies: the streamed model holds no fused weight on the
+    # card (the reference, resident, changed its own weights in place).
+    assert torch.cuda.memory_allocated() - allocated < model_bytes(model) / 4
+    assert all(not w.is_cuda for w in streamed_lora_bases(model))
+    for m in (model, reference):
+        m.unfuse_lora()
+    same()
+    for m in (model, reference):
+        m.unload_lora()
+    same()

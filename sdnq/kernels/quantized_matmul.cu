@@ -6,12 +6,10 @@
 // the GPU test can compare them exactly and the reference can stand in on a device without a
 // kernel image. Each element goes through the references' roundings and no others:
 //  - quantize_rows: the row's absmax in float32 (a max is exact in any order); scale = absmax /
-//    qmax, one correctly rounded division; inverse = 1 / (scale, or 1 where it is 0), another,
-//    once per row; v = x * inverse, one correctly rounded multiplication per element (a division
-//    per element costs the kernel a third of its time on an H100, and the activation scale is
-//    ddo's own choice, not the sdnq package's format); int8: round half to even (rintf), clamp
-//    to [-127, 127]; fp8 e4m3: clamp to ±448, then the round-to-nearest-even conversion. No
-//    contraction.
+//    qmax, one correctly rounded division; v = x / (scale, or 1 where it is 0), another, per
+//    element (as the sdnq package divides its activations, so the two quantize a row alike);
+//    int8: round half to even (rintf), clamp to [-127, 127]; fp8 e4m3: clamp to ±448, then the
+//    round-to-nearest-even conversion. No multiplication by a reciprocal, no contraction.
 //  - int8 epilogue: float(acc) (round to nearest even), times the row scale, times the column
 //    scale, plus float(bias), each an IEEE float32 operation in that order (__fmul_rn and
 //    __fadd_rn keep nvcc from fusing them), then one conversion to the result dtype.
@@ -94,7 +92,7 @@ __device__ __forceinline__ std::uint8_t quantize_value(float v) {
 template <int kIn, int kType>
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QuantizeRowsParams p) {
   __shared__ float warp_max[kThreads / 32];
-  __shared__ float row_inverse;
+  __shared__ float row_divisor;
   for (std::int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const std::int64_t base = row * p.row_stride;
     float m = 0.f;
@@ -112,16 +110,16 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QuantizeRowsPar
       const float qmax = kType == kDqInt8 ? 127.f : 448.f;
       const float scale = __fdiv_rn(absmax, qmax);
       p.scale[row] = scale;
-      row_inverse = __fdiv_rn(1.f, scale == 0.f ? 1.f : scale);
+      row_divisor = scale == 0.f ? 1.f : scale;
     }
     __syncthreads();
-    const float inverse = row_inverse;
+    const float divisor = row_divisor;
     const std::int64_t out_base = row * p.cols;
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kThreads) {
       static_cast<std::uint8_t*>(p.out)[out_base + c] =
-          quantize_value<kType>(__fmul_rn(load<kIn>(p.input, base + c), inverse));
+          quantize_value<kType>(__fdiv_rn(load<kIn>(p.input, base + c), divisor));
     }
-    __syncthreads();  // row_inverse and warp_max are rewritten for the next row
+    __syncthreads();  // row_divisor and warp_max are rewritten for the next row
   }
 }
 
@@ -132,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_vec_kernel(QuantizeRow
   constexpr int kPer = kIn == kDqFp32 ? 4 : 8;  // values in 16 bytes
   using Out = std::conditional_t<kPer == 8, uint2, std::uint32_t>;
   __shared__ float warp_max[kThreads / 32];
-  __shared__ float row_inverse;
+  __shared__ float row_divisor;
   const std::int64_t vecs = p.cols / kPer;
   for (std::int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const uint4* src = reinterpret_cast<const uint4*>(
@@ -158,10 +156,10 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_vec_kernel(QuantizeRow
       for (int w = 1; w < kThreads / 32; ++w) absmax = fmaxf(absmax, warp_max[w]);
       const float scale = __fdiv_rn(absmax, kType == kDqInt8 ? 127.f : 448.f);
       p.scale[row] = scale;
-      row_inverse = __fdiv_rn(1.f, scale == 0.f ? 1.f : scale);
+      row_divisor = scale == 0.f ? 1.f : scale;
     }
     __syncthreads();
-    const float inverse = row_inverse;
+    const float divisor = row_divisor;
     Out* dst = reinterpret_cast<Out*>(static_cast<std::uint8_t*>(p.out) + row * p.cols);
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
@@ -170,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_vec_kernel(QuantizeRow
         unsigned words[2] = {0u, 0u};
 #pragma unroll
         for (int j = 0; j < kPer; ++j) {
-          const unsigned byte = quantize_value<kType>(__fmul_rn(unpack<kIn>(regs[i], j), inverse));
+          const unsigned byte = quantize_value<kType>(__fdiv_rn(unpack<kIn>(regs[i], j), divisor));
           words[j / 4] |= byte << (8 * (j % 4));
         }
         if constexpr (kPer == 8) {
@@ -180,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_vec_kernel(QuantizeRow
         }
       }
     }
-    __syncthreads();  // row_inverse and warp_max are rewritten for the next row
+    __syncthreads();  // row_divisor and warp_max are rewritten for the next row
   }
 }
 

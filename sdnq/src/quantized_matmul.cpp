@@ -223,8 +223,7 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_reference(const at::Tensor& x, Q
   const at::Tensor scale =
       at::div(at::amax(at::abs(xf), {1}), at::scalar_tensor(qmax, xf.options()));
   const at::Tensor divisor = at::where(scale == 0, at::ones_like(scale), scale);
-  const at::Tensor inverse = at::div(at::ones_like(divisor), divisor);
-  const at::Tensor v = at::mul(xf, inverse.unsqueeze(1));
+  const at::Tensor v = at::div(xf, divisor.unsqueeze(1));
   at::Tensor q = type == QuantType::kInt8 ? at::round(v).clamp(-qmax, qmax).to(at::kChar)
                                           : v.clamp(-qmax, qmax).to(c10::ScalarType::Float8_e4m3fn);
   return {q, scale};
