@@ -695,6 +695,21 @@ def machine_facts(cuda: bool) -> dict:
     return facts
 
 
+def time_ms(fn, cuda: bool, reps: int = 20) -> float:
+    """The median milliseconds of ``fn`` over ``reps`` calls after one warm-up, the device
+    synchronized around each call."""
+    fn()
+    sync(cuda)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync(cuda)
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def command_line() -> str:
     """The invoking command as a reader reruns it from the repository root: the script by its
     path in the repository, and absolute paths among the arguments by their file names (result

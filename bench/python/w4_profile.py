@@ -66,19 +66,6 @@ def category(name: str) -> str:
     return "other"
 
 
-def time_ms(fn, cuda: bool, reps: int = 20) -> float:
-    fn()
-    bc.sync(cuda)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        bc.sync(cuda)
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     import torch
     import ddo
@@ -94,8 +81,8 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
         row = dict(out=out_f, inp=in_f, tokens=tokens)
         flops = 2.0 * tokens * in_f * out_f
         with torch.no_grad():
-            row["bf16_ms"] = time_ms(lambda: dense(xi), cuda)
-            row["layer_fp8_ms"] = time_ms(lambda: q(xi), cuda)
+            row["bf16_ms"] = bc.time_ms(lambda: dense(xi), cuda)
+            row["layer_fp8_ms"] = bc.time_ms(lambda: q(xi), cuda)
             ref = dense(xi).float()
 
             def rel(y):
@@ -119,15 +106,15 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
                     tag = "fast" if fast else "exact"
                     row[f"rowwise_{tag}_rel_l2"] = rel(torch._scaled_mm(
                         xq, wq, xs, ws, bias=b, out_dtype=torch.bfloat16, use_fast_accum=fast))
-                    row[f"rowwise_{tag}_ms"] = time_ms(
+                    row[f"rowwise_{tag}_ms"] = bc.time_ms(
                         lambda f=fast: torch._scaled_mm(xq, wq, xs, ws, bias=b,
                                                         out_dtype=torch.bfloat16,
                                                         use_fast_accum=f), cuda)
-                    row[f"tensorwise_{tag}_ms"] = time_ms(
+                    row[f"tensorwise_{tag}_ms"] = bc.time_ms(
                         lambda f=fast: torch._scaled_mm(xq, wq, one, one, bias=b,
                                                         out_dtype=torch.bfloat16,
                                                         use_fast_accum=f), cuda)
-                row["quantize_torch_ms"] = time_ms(
+                row["quantize_torch_ms"] = bc.time_ms(
                     lambda: (xi.float() / (xi.float().abs().amax(1, keepdim=True) / 448.0))
                     .to(torch.float8_e4m3fn), cuda)
         for k in list(row):

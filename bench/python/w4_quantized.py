@@ -66,19 +66,6 @@ FLUX_SHAPES = [(3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072,
 WAN_SHAPES = [(5120, 5120), (13824, 5120), (5120, 13824), (5120, 4096)]
 
 
-def time_ms(fn, cuda: bool, reps: int = 20) -> float:
-    fn()
-    bc.sync(cuda)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        bc.sync(cuda)
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     import torch
     import ddo
@@ -94,7 +81,7 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
         xi = x[:, :in_f].contiguous()
         row = dict(route="gemm", out=out_f, inp=in_f, tokens=tokens)
         with torch.no_grad():
-            row["bf16_ms"] = time_ms(lambda: dense(xi), cuda)
+            row["bf16_ms"] = bc.time_ms(lambda: dense(xi), cuda)
             ref = dense(xi)
             for name, q in quantized.items():
                 path, why = torch.ops.ddo.sdnq_linear_path(q.ddo_sdnq_layout, q.scale.dtype,
@@ -102,10 +89,10 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
                 key = "fp8" if name.startswith("float8") else "int8"
                 row[f"{key}_path"] = path
                 row[f"{key}_why"] = why
-                row[f"{key}_ms"] = time_ms(lambda: q(xi), cuda)
+                row[f"{key}_ms"] = bc.time_ms(lambda: q(xi), cuda)
                 row[f"{key}_rel_l2"] = bc.output_vs_reference(q(xi), ref)["rel_l2"]
                 q.ddo_sdnq_layout[7] = 0  # the same weights, dequantize path
-                row[f"{key}_dequant_ms"] = time_ms(lambda: q(xi), cuda)
+                row[f"{key}_dequant_ms"] = bc.time_ms(lambda: q(xi), cuda)
         log(f"gemm {out_f}x{in_f}: bf16 {row['bf16_ms']:.3f} ms, fp8 {row['fp8_ms']:.3f} "
             f"({row['fp8_path']}), int8 {row['int8_ms']:.3f} ({row['int8_path']})")
         rows.append(row)

@@ -88,6 +88,29 @@ __device__ __forceinline__ std::uint8_t quantize_value(float v) {
   }
 }
 
+// The row's scale from each thread's partial absmax `m`: a block-wide max, scale = absmax / qmax
+// written to `scale`, and the divisor (the scale, or 1 for a row of zeros) returned to every
+// thread. `warp_max` and `divisor` are the block's shared slots; the caller syncs before it
+// reuses them for the next row.
+template <int kType>
+__device__ __forceinline__ float row_divisor_of(float m, float* warp_max, float* divisor,
+                                                float* scale) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  }
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float absmax = warp_max[0];
+    for (int w = 1; w < kThreads / 32; ++w) absmax = fmaxf(absmax, warp_max[w]);
+    const float s = __fdiv_rn(absmax, kType == kDqInt8 ? 127.f : 448.f);
+    *scale = s;
+    *divisor = s == 0.f ? 1.f : s;
+  }
+  __syncthreads();
+  return *divisor;
+}
+
 // One block per row: a block-wide absmax, then every element quantized with the row's scale.
 template <int kIn, int kType>
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QuantizeRowsParams p) {
@@ -99,21 +122,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(QuantizeRowsPar
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kThreads) {
       m = fmaxf(m, fabsf(load<kIn>(p.input, base + c)));
     }
-    for (int offset = 16; offset > 0; offset /= 2) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    }
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float absmax = warp_max[0];
-      for (int w = 1; w < kThreads / 32; ++w) absmax = fmaxf(absmax, warp_max[w]);
-      const float qmax = kType == kDqInt8 ? 127.f : 448.f;
-      const float scale = __fdiv_rn(absmax, qmax);
-      p.scale[row] = scale;
-      row_divisor = scale == 0.f ? 1.f : scale;
-    }
-    __syncthreads();
-    const float divisor = row_divisor;
+    const float divisor = row_divisor_of<kType>(m, warp_max, &row_divisor, &p.scale[row]);
     const std::int64_t out_base = row * p.cols;
     for (std::int64_t c = threadIdx.x; c < p.cols; c += kThreads) {
       static_cast<std::uint8_t*>(p.out)[out_base + c] =
@@ -146,20 +155,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_vec_kernel(QuantizeRow
         for (int j = 0; j < kPer; ++j) m = fmaxf(m, fabsf(unpack<kIn>(regs[i], j)));
       }
     }
-    for (int offset = 16; offset > 0; offset /= 2) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    }
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float absmax = warp_max[0];
-      for (int w = 1; w < kThreads / 32; ++w) absmax = fmaxf(absmax, warp_max[w]);
-      const float scale = __fdiv_rn(absmax, kType == kDqInt8 ? 127.f : 448.f);
-      p.scale[row] = scale;
-      row_divisor = scale == 0.f ? 1.f : scale;
-    }
-    __syncthreads();
-    const float divisor = row_divisor;
+    const float divisor = row_divisor_of<kType>(m, warp_max, &row_divisor, &p.scale[row]);
     Out* dst = reinterpret_cast<Out*>(static_cast<std::uint8_t*>(p.out) + row * p.cols);
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
