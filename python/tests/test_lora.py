@@ -322,7 +322,7 @@ def test_on_cuda_adapters_before_and_after_attach_fuse_and_unfuse_match_the_resi
         m.load_lora_adapter(dict(b), prefix="transformer", adapter_name="b")  # after the attach
         m.set_adapters(["a", "b"], [1.0, 0.5])
     same()
-    assert offload.report()["python"]["adapters_added"] > 0
+    assert offload.report()["python"]["adapters_added"]  # the second adapter, placed
     allocated = torch.cuda.memory_allocated()
     for m in (model, reference):
         m.fuse_lora(safe_fusing=safe)
