@@ -23,6 +23,11 @@ shapes) and reuses it afterwards. --no-ddo runs the same stages all resident on 
 reference the outputs are compared with; --offload runs them under diffusers' offload routes or
 diffusers-dynamic-offloader instead (benchmark W6's other rows; GPU only). --report FILE writes the generation's report (seconds,
 bytes read from disk and streamed, peak VRAM and RSS per stage) as JSON.
+
+Every flag is checked before anything is written or loaded (check()): a bad value exits with
+code 2 naming the flag and what to pass. Sizes are refused, not rounded, off the multiples the
+pipeline needs (FLUX: the VAE's scale x 2, 16 for FLUX.1-dev; Wan: 16), Wan frame counts off
+4k + 1 (the VAE's temporal scale), and --output/--report paths that could not be written.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import inspect
 import json
+import math
 import os
 import resource
 import sys
@@ -47,7 +54,8 @@ import ddo
 # --- the two families ------------------------------------------------------------------------
 
 
-def _random_flux(size: str) -> diffusers.FluxPipeline:
+def _flux_configs(size: str) -> dict[str, Any]:
+    """The random FLUX folder's component configs (read by the flag checks before it is written)."""
     if size == "tiny":
         clip = transformers.CLIPTextConfig(
             vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -78,22 +86,31 @@ def _random_flux(size: str) -> diffusers.FluxPipeline:
                    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2,
                    sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159,
                    use_quant_conv=False, use_post_quant_conv=False)
+    return dict(clip=clip, t5=t5, transformer=transformer, vae=vae)
+
+
+def _random_flux(size: str) -> diffusers.FluxPipeline:
+    c = _flux_configs(size)
     return diffusers.FluxPipeline(
         scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
-        vae=diffusers.AutoencoderKL(**vae), text_encoder=transformers.CLIPTextModel(clip),
-        tokenizer=None, text_encoder_2=transformers.T5EncoderModel(t5), tokenizer_2=None,
-        transformer=diffusers.FluxTransformer2DModel(**transformer))
+        vae=diffusers.AutoencoderKL(**c["vae"]), text_encoder=transformers.CLIPTextModel(c["clip"]),
+        tokenizer=None, text_encoder_2=transformers.T5EncoderModel(c["t5"]), tokenizer_2=None,
+        transformer=diffusers.FluxTransformer2DModel(**c["transformer"]))
 
 
-def _random_wan(size: str) -> diffusers.WanPipeline:
+def _wan_configs(size: str) -> dict[str, Any]:
+    """The random Wan folder's component configs (read by the flag checks before it is written)."""
     if size == "tiny":
         umt5 = transformers.UMT5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                        num_heads=4, relative_attention_num_buckets=8)
         transformer = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
                            in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
                            num_layers=2, rope_max_seq_len=32)
+        # One 2x downsample in space and time, so the scale factors the pipeline reads say 2
+        # (the class defaults, 8 and 4, are Wan 2.1's VAE); else 32x32 would decode to 8x8.
         vae = dict(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, attn_scales=[],
-                   temperal_downsample=[True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+                   temperal_downsample=[True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+                   scale_factor_spatial=2, scale_factor_temporal=2)
     else:  # Wan 2.1-14B's shapes
         umt5 = transformers.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240,
                                        num_layers=24, num_heads=64,
@@ -103,10 +120,15 @@ def _random_wan(size: str) -> diffusers.WanPipeline:
                            ffn_dim=13824, num_layers=40, cross_attn_norm=True,
                            qk_norm="rms_norm_across_heads", eps=1e-6)
         vae = {}
+    return dict(umt5=umt5, transformer=transformer, vae=vae)
+
+
+def _random_wan(size: str) -> diffusers.WanPipeline:
+    c = _wan_configs(size)
     return diffusers.WanPipeline(
-        tokenizer=None, text_encoder=transformers.UMT5EncoderModel(umt5),
-        vae=diffusers.AutoencoderKLWan(**vae), transformer=diffusers.WanTransformer3DModel(
-            **transformer), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0))
+        tokenizer=None, text_encoder=transformers.UMT5EncoderModel(c["umt5"]),
+        vae=diffusers.AutoencoderKLWan(**c["vae"]), transformer=diffusers.WanTransformer3DModel(
+            **c["transformer"]), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0))
 
 
 FAMILIES = {
@@ -136,13 +158,169 @@ def write_random_folder(family: str, size: str, folder: str, dtype: torch.dtype)
     gc.collect()
 
 
-def family_of(folder: str) -> str:
-    with open(os.path.join(folder, "model_index.json")) as f:
-        name = json.load(f)["_class_name"]
-    for family, entry in FAMILIES.items():
-        if entry[0].__name__ == name:
-            return family
-    raise SystemExit(f"{folder}: a {name}; generate.py runs FluxPipeline and WanPipeline folders")
+def vae_factors(family: str, vae: dict[str, Any]) -> tuple[int, int]:
+    """(spatial, temporal): how many pixels and frames one latent holds, as the pipeline reads
+    them from the VAE config (FLUX: 2 per downsample block; Wan: its scale factors)."""
+    if family == "flux":
+        return 2 ** (len(vae["block_out_channels"]) - 1), 1
+    down = vae["temperal_downsample"]
+    return (vae.get("scale_factor_spatial") or 2 ** len(down),
+            vae.get("scale_factor_temporal") or 2 ** sum(down))
+
+
+# --- the flags, checked before anything is written or loaded --------------------------------
+
+
+def _with_defaults(cls: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """A config as the class reads it: the keys it leaves out take the constructor's defaults."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    defaults = {q.name: q.default for q in params if q.default is not inspect.Parameter.empty}
+    return {**defaults, **config}
+
+
+def _folder_family(p: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The folder's family from its model_index.json; --family for a --random folder not yet
+    written. A --family that contradicts an existing folder is refused."""
+    folder = args.model or args.random
+    flag = f"--model {folder}" if args.model else f"--random {folder}"
+    index = os.path.join(folder, "model_index.json")
+    if args.random and not os.path.exists(index):
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            p.error(f"{flag}: a file, not a folder; pass a folder path (written once, then "
+                    f"reused)")
+        return args.family or "flux"
+    if not os.path.isdir(folder):
+        p.error(f"{flag}: no such folder; pass a FluxPipeline or WanPipeline folder (the one "
+                f"holding model_index.json)")
+    try:
+        with open(index) as f:
+            name = json.load(f)["_class_name"]
+    except FileNotFoundError:
+        p.error(f"{flag}: the folder has no model_index.json; pass a diffusers pipeline folder "
+                f"(FluxPipeline or WanPipeline), or --random DIR to write a random one")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        p.error(f"{flag}: its model_index.json names no pipeline (_class_name: "
+                f"{type(e).__name__}: {e}); pass a FluxPipeline or WanPipeline folder")
+    family = next((f for f, entry in FAMILIES.items() if entry[0].__name__ == name), None)
+    if family is None:
+        p.error(f"{flag}: a {name}; generate.py runs FluxPipeline and WanPipeline folders")
+    if args.family is not None and args.family != family:
+        p.error(f"--family {args.family}: {folder} holds a {name} (its model_index.json); leave "
+                f"--family out or pass --family {family}, or a new --random folder for "
+                f"{args.family}")
+    return family
+
+
+def _configs(p: argparse.ArgumentParser, args: argparse.Namespace, folder: str,
+             family: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The VAE's and the transformer's configs: the folder's, or the random ones it will get."""
+    _, _, _, transformer_cls, vae_cls = FAMILIES[family]
+    if not os.path.exists(os.path.join(folder, "model_index.json")):
+        c = (_flux_configs if family == "flux" else _wan_configs)(args.size)
+        return _with_defaults(vae_cls, c["vae"]), _with_defaults(transformer_cls, c["transformer"])
+    out = []
+    for sub, cls in (("vae", vae_cls), ("transformer", transformer_cls)):
+        try:
+            out.append(_with_defaults(cls, dict(cls.load_config(os.path.join(folder, sub)))))
+        except (OSError, ValueError) as e:
+            p.error(f"{folder}: no readable {sub}/config.json ({e}); a {family} pipeline folder "
+                    f"holds one per component")
+    return out[0], out[1]
+
+
+def _nearest(value: int, step: int, first: int) -> str:
+    """The valid values nearest to value among first, first + step, ... ("4 or 8")."""
+    below = first + max(0, (value - first) // step) * step
+    return f"{below}" if value <= first else f"{below} or {below + step}"
+
+
+def _check_writable(p: argparse.ArgumentParser, flag: str, path: str, folder_ok: bool) -> None:
+    """Refuses a path the finished generation could not be written to."""
+    if folder_ok and (path.endswith(("/", os.sep)) or os.path.isdir(path)):
+        # A folder of PNGs: written with makedirs, so the nearest existing folder must take it.
+        existing = os.path.abspath(path)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            p.error(f"{flag} {path}: {existing} is not a writable folder; pick another path")
+        return
+    if os.path.isdir(path):
+        p.error(f"{flag} {path}: a folder; pass a file path")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        p.error(f"{flag} {path}: the folder {parent} does not exist; create it or pick a path "
+                f"in an existing folder")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and
+                                                    not os.access(path, os.W_OK)):
+        p.error(f"{flag} {path}: not writable; pick a path you can write")
+
+
+def _check_output(p: argparse.ArgumentParser, args: argparse.Namespace, family: str) -> None:
+    from PIL import Image
+
+    _check_writable(p, "--output", args.output, folder_ok=True)
+    if args.output.endswith(("/", os.sep)) or os.path.isdir(args.output):
+        return
+    Image.init()
+    ext = os.path.splitext(args.output)[1].lower()
+    fmt = Image.registered_extensions().get(ext)
+    if fmt is None or fmt not in Image.SAVE:
+        p.error(f"--output {args.output}: Pillow writes no {ext or 'extensionless'} files; end "
+                f"it in .png (an image), .webp (frames) or / (a folder of PNGs)")
+    if family == "wan" and args.frames > 1 and fmt not in Image.SAVE_ALL:
+        p.error(f"--output {args.output}: {fmt} holds one image and Wan writes {args.frames} "
+                f"frames; end it in .webp, or / for a folder of PNGs")
+
+
+def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every flag, before anything is written or loaded; a bad one is parser.error (exit 2)
+    naming the flag, the value and what to pass. Fills in the family and the defaults."""
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps {args.steps}: a generation takes at least 1 denoising step; pass 1 or "
+                f"more, or leave it out (2 at --size tiny, else FLUX 28, Wan 20)")
+    if args.fps <= 0:
+        p.error(f"--fps {args.fps}: frames per second must be positive; pass e.g. 16 (the "
+                f"default)")
+    for flag, cap in (("--vram-cap", args.vram_cap), ("--host-ram-cap", args.host_ram_cap)):
+        if cap is not None and cap <= 0:
+            p.error(f"{flag} {cap}: GiB must be positive; leave it out for no cap")
+    if args.calibrate and not args.profile_name:
+        p.error("--calibrate measures and saves a named profile: pass --profile-name NAME with "
+                "it")
+    folder = args.model or args.random
+    family = _folder_family(p, args)
+    vae, transformer = _configs(p, args, folder, family)
+    spatial, temporal = vae_factors(family, vae)
+    if family == "flux":
+        # FluxPipeline packs 2x2 latents into one token and floors any other size.
+        multiple = spatial * 2
+        why = f"FLUX takes multiples of {multiple} (the VAE's {spatial}x times 2x2 packing)"
+    else:
+        # WanPipeline refuses sizes off multiples of 16; the transformer patches the latents.
+        patch = transformer["patch_size"]
+        multiple = math.lcm(16, spatial * patch[1], spatial * patch[2])
+        why = f"Wan takes multiples of {multiple}"
+    for flag, value in (("--height", args.height), ("--width", args.width)):
+        if value is not None and (value <= 0 or value % multiple):
+            p.error(f"{flag} {value}: {why}; pass {flag} {_nearest(value, multiple, multiple)}")
+    if family == "wan" and (args.frames < 1 or (args.frames - 1) % temporal):
+        # WanPipeline rounds other counts down (any below 1 to 1) with only a log warning.
+        p.error(f"--frames {args.frames}: Wan takes {temporal}k + 1 frames (the VAE keeps the "
+                f"first and packs each {temporal} after it into one latent); pass --frames "
+                f"{_nearest(args.frames, temporal, 1)}")
+    if args.output:
+        _check_output(p, args, family)
+    if args.report:
+        _check_writable(p, "--report", args.report, folder_ok=False)
+    args.family = family
+    tiny = args.size == "tiny" and args.random
+    default_size = (32 if tiny else 1024) if family == "flux" else (32 if tiny else 480)
+    if args.height is None:
+        args.height = default_size
+    if args.width is None:
+        args.width = default_size if family == "flux" else (32 if tiny else 832)
+    if args.steps is None:
+        args.steps = 2 if tiny else 28 if family == "flux" else 20
 
 
 # --- stages ----------------------------------------------------------------------------------
@@ -305,17 +483,14 @@ def denoise(st: Stages, family: str, embeds: dict[str, torch.Tensor]) -> torch.T
         if family == "flux":
             pipe = pipe_cls(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
                             text_encoder_2=None, tokenizer_2=None, transformer=transformer)
-            pipe.vae_scale_factor = 2 ** (len(vae_config["block_out_channels"]) - 1)
+            pipe.vae_scale_factor = vae_factors(family, vae_config)[0]
             pipe.image_processor = diffusers.image_processor.VaeImageProcessor(
                 vae_scale_factor=pipe.vae_scale_factor * 2)
         else:
             pipe = pipe_cls(tokenizer=None, text_encoder=None, vae=None, transformer=transformer,
                             scheduler=scheduler)
-            downsample = vae_config["temperal_downsample"]
-            pipe.vae_scale_factor_temporal = vae_config.get("scale_factor_temporal",
-                                                            2 ** sum(downsample))
-            pipe.vae_scale_factor_spatial = vae_config.get("scale_factor_spatial",
-                                                           2 ** len(downsample))
+            pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal = vae_factors(
+                family, vae_config)
         pipe.set_progress_bar_config(disable=not sys.stderr.isatty())
         _compute_on(pipe, st.device)
         call = dict(height=args.height, width=args.width, num_inference_steps=args.steps,
@@ -380,15 +555,19 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a FluxPipeline or WanPipeline folder")
     source.add_argument("--random", metavar="DIR", help="write (once) and use a random folder")
-    p.add_argument("--family", choices=sorted(FAMILIES), help="with --random (default flux)")
+    p.add_argument("--family", choices=sorted(FAMILIES),
+                   help="the pipeline --random writes (default flux); an existing folder's "
+                        "model_index.json decides, and a --family against it is refused")
     p.add_argument("--size", choices=("tiny", "full"), default="tiny", help="with --random")
     p.add_argument("--device", choices=("cuda", "sim"),
                    default="cuda" if torch.cuda.is_available() else "sim")
     p.add_argument("--prompt", default="a lighthouse on a cliff at dusk")
-    p.add_argument("--height", type=int)
-    p.add_argument("--width", type=int)
-    p.add_argument("--frames", type=int, default=21, help="Wan: frames (4k + 1)")
-    p.add_argument("--steps", type=int)
+    p.add_argument("--height", type=int, help="pixels: FLUX and Wan take multiples of 16 "
+                   "(of 4 for the tiny random FLUX)")
+    p.add_argument("--width", type=int, help="as --height")
+    p.add_argument("--frames", type=int, default=21,
+                   help="Wan: frames, 4k + 1 (2k + 1 for the tiny random Wan); FLUX ignores it")
+    p.add_argument("--steps", type=int, help="denoising steps, 1 or more")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vram-cap", type=float, help="GiB of the card ddo may use (vram_cap_gb)")
     p.add_argument("--host-ram-cap", type=float,
@@ -406,8 +585,9 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
                         "(whole components moved per stage), its sequential offload (accelerate); "
                         "or diffusers-dynamic-offloader from PyPI. --vram-cap caps the others "
                         "through torch.cuda.set_per_process_memory_fraction")
-    p.add_argument("--dtype", default=None, help="bfloat16 (cuda) or float32 (sim)")
-    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                   help="default bfloat16 (cuda) or float32 (sim)")
+    p.add_argument("--fps", type=int, default=16, help="the animated WebP's frames per second")
     p.add_argument("--output", help="a .png, a .webp (frames) or a folder (PNGs)")
     p.add_argument("--report", help="write the generation's report (JSON) here")
     args = p.parse_args(argv)
@@ -417,21 +597,16 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     args.no_ddo = args.offload != "ddo"  # every stage-level ddo option is off for the others
     if args.offload not in ("ddo", "resident") and args.device != "cuda":
         p.error(f"--offload {args.offload} runs on a GPU only (--device cuda)")
+    check(p, args)
     return args
 
 
 def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Runs one generation; returns the images (uint8 [n, h, w, 3]) and the report."""
-    args = parse(argv)
-    folder = args.model or args.random
+    args = parse(argv)  # every flag checked (check()); nothing written or loaded before
+    folder, family = args.model or args.random, args.family
     if args.random:
-        write_random_folder(args.family or "flux", args.size, folder, args.dtype)
-    family = family_of(folder)
-    tiny = args.size == "tiny" and args.random
-    default_size = (32 if tiny else 1024) if family == "flux" else (32 if tiny else 480)
-    args.height = args.height or default_size
-    args.width = args.width or (default_size if family == "flux" else (32 if tiny else 832))
-    args.steps = args.steps or (2 if tiny else 28 if family == "flux" else 20)
+        write_random_folder(family, args.size, folder, args.dtype)
     env = {"DDO_VRAM_CAP_GB": args.vram_cap, "DDO_HOST_RAM_CAP_GB": args.host_ram_cap}
     if args.stream_all:
         env.update(DDO_SMALL_TENSOR_THRESHOLD_KB=0, DDO_AUTO_BUDGET_POLICY="off",
@@ -457,9 +632,11 @@ def generate(argv: Optional[list[str]] = None) -> tuple[np.ndarray, dict[str, An
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    # The size written: the image's own (equal to --height/--width, which check() holds to
+    # the pipeline's multiples).
     st.report.update(family=family, folder=folder, device=args.device, ddo=not args.no_ddo,
                      offload=args.offload,
-                     height=args.height, width=args.width, steps=args.steps,
+                     height=int(images.shape[1]), width=int(images.shape[2]), steps=args.steps,
                      frames=len(images), vram_cap_gb=args.vram_cap,
                      host_ram_cap_gb=args.host_ram_cap, quantize=args.quantize)
     if args.output:
