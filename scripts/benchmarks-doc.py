@@ -159,6 +159,18 @@ def render() -> str:
             out += [bench_tables.w4_profile_table(d).rstrip() + "\n" for d in docs]
     if not found_any:
         out += ["No run in `bench/results/` yet.", ""]
+    found = documents("lora*.json", ("lora",))
+    out += ["## LoRA: adapters unfused and fused under ddo", "",
+            "The W1-py transformer under ddo at one cap (`bench/python/lora_bench.py`): a random "
+            "LoRA on every attention and MLP Linear loaded through diffusers' `load_lora_adapter` "
+            "while attached, the step unfused and fused against the model without adapters, the "
+            "seconds to fuse and unfuse while attached against one read of the targeted weights "
+            "from pinned memory, and a switch to a second adapter.", ""]
+    if found is None:
+        out += ["No run in `bench/results/` yet.", ""]
+    else:
+        folder, docs = found
+        out += [run_line(folder), ""] + [bench_tables.lora_table(d).rstrip() + "\n" for d in docs]
     found = documents("load*.json", ("w1-py-from-disk",))
     out += ["## Loading from disk: the W1-py transformer from safetensors shards", "",
             "A fresh process per row reads the sharded checkpoint and attaches (`cold`: the files "

@@ -14,6 +14,7 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh cards      # build, device code per library, SDNQ tests under PTX JIT
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testw4     # build, GPU tests, W4 (quantized compute, $OUT/w4.json)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testprofile  # build, GPU tests, W4's kernel table
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh lora         # build, the LoRA benchmark ($OUT/lora.json)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan,
 #       DDO_W6_CAPS 8,16, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
 #       diffusers-group-leaf; DDO_W6_NO_RESIDENT=1 skips the reference row; rows are saved as
@@ -302,6 +303,22 @@ profile() {
   return $rc
 }
 
+# LoRA under ddo (bench/python/lora_bench.py): unfused and fused steps against the model without
+# adapters, fuse/unfuse seconds while attached, a switch; DDO_LORA_CAP (8), DDO_LORA_RANK (64).
+lora() {
+  if [ ${#PYBUILD[@]} -eq 0 ]; then say "FAIL: lora step needs the ddo Python package"; return 1; fi
+  install_wheels
+  local left=$((570 - ($(date +%s) - T_START) - 20)) size=${DDO_W1_SIZE:-full} dev=() cap=${DDO_LORA_CAP:-8}
+  [ "$HAVE_GPU" = 0 ] && { size=${DDO_W1_SIZE:-tiny}; dev=(--device sim); cap=${DDO_LORA_CAP:-0.2}; }
+  echo "== lora_bench" >>"$LOG"
+  timeout "$left" "$PY" "$ROOT/bench/python/lora_bench.py" --size "$size" "${dev[@]}" --cap "$cap" \
+    --rank "${DDO_LORA_RANK:-64}" --steps "${DDO_W1_STEPS:-5}" --out "$OUT/lora.json" \
+    --commit "$DDO_COMMIT" 2>&1 | tee -a "$LOG" | grep -E "^\[lora" >>"$SUMMARY"
+  local rc=${PIPESTATUS[0]}
+  say "lora_bench rc=$rc"
+  return $rc
+}
+
 # W6 (docs/benchmarks.md): whole generations with examples/python/generate.py, a cold process per row
 # (bench/python/w6_generation.py): all resident, then ddo at each cap with host RAM capped. The
 # random folder is written once under DDO_W6_DIR and kept between calls of a warm machine.
@@ -436,6 +453,7 @@ case "$MODE" in
   testw4) build && { DDO_GPU_TESTS_ONLY=1 run_tests; w4; } ;;
   w6) build && w6 ;;
   profile) build && profile ;;
+  lora) build && lora ;;
   testprofile) build && { DDO_GPU_TESTS_ONLY=1 DDO_SKIP_PYTEST=1 run_tests; profile; } ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;

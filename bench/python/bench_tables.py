@@ -284,6 +284,40 @@ def w4_profile_table(doc: dict) -> str:
     return "\n".join(out) + "\n\n" + footer(doc)
 
 
+def lora_table(doc: dict) -> str:
+    """The LoRA benchmark (bench/python/lora_bench.py): one row per figure, with its target."""
+    base = doc.get("base_step_s")
+
+    def ratio(key):
+        v = doc.get(key)
+        return fmt(v / base if v and base else None, ".3f")
+
+    read = doc.get("read_targeted_once_s")
+    rows = [
+        ("step without adapters", fmt(base, ".4f") + " s", "1.000x", "the reference"),
+        ("step, rank-{} LoRA unfused".format(doc.get("rank")),
+         fmt(doc.get("unfused_step_s"), ".4f") + " s", ratio("unfused_step_s") + "x", "<= 1.05x"),
+        ("step, fused", fmt(doc.get("fused_step_s"), ".4f") + " s", ratio("fused_step_s") + "x",
+         "1.00x"),
+        ("fuse while attached", fmt(doc.get("fuse_s"), ".2f") + " s",
+         fmt(doc["fuse_s"] / read if doc.get("fuse_s") and read else None, ".2f") +
+         "x one read of the targeted weights", "<= 2x"),
+        ("unfuse while attached", fmt(doc.get("unfuse_s"), ".2f") + " s",
+         fmt(doc["unfuse_s"] / read if doc.get("unfuse_s") and read else None, ".2f") +
+         "x one read", "<= 2x"),
+        ("switch to a second adapter", fmt(doc.get("switch_s"), ".2f") + " s", "-", "-"),
+        ("step with the second adapter", fmt(doc.get("switched_step_s"), ".4f") + " s",
+         ratio("switched_step_s") + "x", "<= 1.05x"),
+    ]
+    out = ["| what | measured | against | target |", "| --- | --- | --- | --- |"]
+    out += ["| {} | {} | {} | {} |".format(*r) for r in rows]
+    out.append("")
+    out.append(f"Cap {fmt(doc.get('cap_gib'), 'g')} GiB; targeted weights "
+               f"{fmt(doc.get('targeted_gb'), '.2f')} GB, adapter {fmt(doc.get('adapter_gb'), '.3f')} GB; "
+               f"fused against unfused output: rel L2 {fmt(doc.get('fused_vs_unfused_rel_l2'), '.4f')}.")
+    return "\n".join(out) + "\n\n" + footer(doc)
+
+
 # ---------------------------------------------------------------------------------------------
 # Any of them.
 # ---------------------------------------------------------------------------------------------
