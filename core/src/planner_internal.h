@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <string>
@@ -92,8 +93,10 @@ class Planner {
 
   void check_inputs() const;
   void index_parents();
-  void mark_with_descendants(const CompiledPatterns& patterns, std::vector<bool>* flags,
-                             std::vector<std::string>* matched) const;
+  // Flags the modules `matches` takes (by index) and their descendants; appends the names of
+  // those it takes to `matched`.
+  void mark_with_descendants(const std::function<bool(std::size_t)>& matches,
+                             std::vector<bool>* flags, std::vector<std::string>* matched) const;
   bool flagged_or_ancestor(std::size_t m, const std::vector<bool>& flags) const;
   void classify_tensors();
   void apply_skip();
@@ -165,6 +168,7 @@ class Planner {
   std::vector<std::size_t> candidates_;        // candidate module indices, model order
   std::vector<BlockGroup> block_groups_;       // the groups behind block_patterns
   std::int64_t always_resident_bytes_ = 0;
+
   std::int64_t move_once_bytes_ = 0;
   std::vector<TensorRef> streamed_;         // model order
   std::vector<std::vector<bool>> on_disk_;  // [module][tensor]: a disk-tier unit's (plan_tiers)

@@ -2,6 +2,7 @@
 // block pattern (the repeated block lists).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <utility>
@@ -64,11 +65,12 @@ bool Planner::flagged_or_ancestor(std::size_t m, const std::vector<bool>& flags)
   return false;
 }
 
-void Planner::mark_with_descendants(const CompiledPatterns& patterns, std::vector<bool>* flags,
+void Planner::mark_with_descendants(const std::function<bool(std::size_t)>& matches,
+                                    std::vector<bool>* flags,
                                     std::vector<std::string>* matched) const {
   std::vector<bool> direct(n_, false);
   for (std::size_t m = 0; m < n_; ++m) {
-    if (patterns.search(name_of(m))) {
+    if (matches(m)) {
       direct[m] = true;
       matched->push_back(name_of(m));
     }
@@ -82,7 +84,8 @@ void Planner::apply_skip() {
   if (config_.skip_modules_pattern.empty()) return;
   CompiledPatterns patterns = compile(config_.skip_modules_pattern, "skip_modules_pattern");
   std::vector<std::string> matched;
-  mark_with_descendants(patterns, &skipped_, &matched);
+  mark_with_descendants([&](std::size_t m) { return patterns.search(name_of(m)); }, &skipped_,
+                        &matched);
   if (matched.empty()) return;
   std::int64_t bytes = 0;
   std::size_t modules = 0;
@@ -110,9 +113,16 @@ void Planner::apply_skip() {
 // would be a unit of a few KiB copied per step, fusing (B @ A per layer) would read each through
 // the scheduler, and an adapter being trained needs its weights where its gradient is made
 // (Note [Training under offload] in torch/src/attach_plan.cpp). skip_modules_pattern still wins.
-constexpr const char* kAdapterModulesPattern =
-    R"((^|\.)(lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)$)";
-
+//
+// Which modules: those with a name component equal to one of PEFT's LoraLayer.adapter_layer_names
+// (lora_A, lora_B, lora_embedding_A, lora_embedding_B, lora_magnitude_vector), or to diffusers'
+// own non-PEFT `lora_layer` (LoRACompatibleLinear/Conv, diffusers/models/lora.py), together with
+// everything inside them. Exact names, not "a component starting with lora": kohya's lora_up and
+// lora_down are checkpoint keys that diffusers converts to PEFT's names before it builds modules,
+// and a model's own module that happens to start with "lora" is not an adapter. The same rule
+// decides what the planner keeps resident (below), what quantize= keeps dense
+// (torch/src/attach_quantize.cpp) and which tensors added after an attach ddo places as adapters
+// (python/ddo/adapters.py, through ddo._C.is_adapter_module).
 void Planner::apply_always_resident() {
   always_resident_.assign(n_, false);
   // Marks the modules `patterns` match and their descendants; adds the bytes of those newly
@@ -126,11 +136,11 @@ void Planner::apply_always_resident() {
   }
   // `with_bytes`: list only matched modules that hold bytes (PEFT adds an empty lora_embedding_A
   // to every Linear it wraps).
-  auto mark = [&](const CompiledPatterns& patterns, const char* what, const char* summary,
-                  bool with_bytes) {
+  auto mark = [&](const std::function<bool(std::size_t)>& direct, nlohmann::json rule,
+                  const char* what, const char* summary, bool with_bytes) {
     std::vector<bool> flags;
     std::vector<std::string> matched;
-    mark_with_descendants(patterns, &flags, &matched);
+    mark_with_descendants(direct, &flags, &matched);
     std::int64_t bytes = 0;
     for (std::size_t m = 0; m < n_; ++m) {
       if (skipped_[m]) flags[m] = false;  // skip wins: the host owns those
@@ -147,20 +157,29 @@ void Planner::apply_always_resident() {
       kept.push_back(name);
     }
     if (kept.empty()) return;
-    decide(what,
-           {{"patterns", patterns.sources},
-            {"matched", names_json(kept)},
-            {"modules_matched", kept.size()},
-            {"bytes", bytes}},
+    nlohmann::json inputs = std::move(rule);
+    inputs["matched"] = names_json(kept);
+    inputs["modules_matched"] = kept.size();
+    inputs["bytes"] = bytes;
+    decide(what, std::move(inputs),
            fmt::format("{} modules ({}) {}", kept.size(), gib(bytes), summary));
   };
   if (!config_.always_resident_modules_pattern.empty()) {
-    mark(compile(config_.always_resident_modules_pattern, "always_resident_modules_pattern"),
-         "always_resident", "resident on top of the budget", false);
+    CompiledPatterns patterns =
+        compile(config_.always_resident_modules_pattern, "always_resident_modules_pattern");
+    mark([&](std::size_t m) { return patterns.search(name_of(m)); },
+         {{"patterns", patterns.sources}}, "always_resident", "resident on top of the budget",
+         false);
   }
-  // Note [Adapter modules].
-  mark(compile({kAdapterModulesPattern}, "adapter modules"), "adapters_resident",
-       "of adapters (LoRA) resident on top of the budget", true);
+  // Note [Adapter modules]: the outermost adapter module of each adapter (`to_q.lora_A`), whose
+  // descendants follow it.
+  mark(
+      [&](std::size_t m) {
+        return is_adapter_module(name_of(m)) &&
+               !(parent_[m] && is_adapter_module(name_of(*parent_[m])));
+      },
+      {{"names", adapter_module_names()}}, "adapters_resident",
+      "of adapters (LoRA) resident on top of the budget", true);
 }
 
 std::vector<BlockGroup> Planner::find_block_groups() const {
@@ -215,3 +234,26 @@ std::vector<BlockGroup> Planner::choose_block_groups(bool all_lists) {
 }
 
 }  // namespace ddo::core::planner_internal
+
+namespace ddo::core {
+
+const std::vector<std::string>& adapter_module_names() {
+  static const std::vector<std::string> names = {
+      "lora_A",    "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector",
+      "lora_layer"};
+  return names;
+}
+
+std::string_view adapter_component(std::string_view module_name) {
+  const std::vector<std::string>& names = adapter_module_names();
+  for (std::size_t begin = 0; begin <= module_name.size();) {
+    std::size_t end = module_name.find('.', begin);
+    if (end == std::string_view::npos) end = module_name.size();
+    const std::string_view component = module_name.substr(begin, end - begin);
+    if (std::find(names.begin(), names.end(), component) != names.end()) return component;
+    begin = end + 1;
+  }
+  return {};
+}
+
+}  // namespace ddo::core

@@ -171,5 +171,48 @@ TEST(PlannerPatterns, NestedOrHugePatternsAreErrorsNotCrashes) {
   }
 }
 
+// Note [Adapter modules]: PEFT's exact names and diffusers' lora_layer, in any component of the
+// name, so a module inside an adapter container is one too.
+TEST(AdapterModules, PeftAndDiffusersNamesInAnyComponent) {
+  for (const char* name :
+       {"lora_A", "to_q.lora_A", "to_q.lora_A.style", "blocks.0.attn.to_q.lora_B.default",
+        "emb.lora_embedding_A", "emb.lora_embedding_B.x", "to_q.lora_magnitude_vector.a",
+        "to_k.lora_layer", "to_k.lora_layer.up"}) {
+    EXPECT_TRUE(is_adapter_module(name)) << name;
+  }
+  for (const char* name :
+       {"", "to_q", "to_q.base_layer", "lora", "lora_up", "lora_down", "to_q.lora_a",
+        "to_q.lora_A_extra", "my_lora_A", "to_q.lora_Ax.b", "loras.0"}) {
+    EXPECT_FALSE(is_adapter_module(name)) << name;
+  }
+  EXPECT_EQ(adapter_component("blocks.0.to_q.lora_B.style"), "lora_B");
+  EXPECT_EQ(adapter_component("to_q.base_layer"), "");
+  for (const std::string& n : adapter_module_names()) EXPECT_TRUE(is_adapter_module(n)) << n;
+}
+
+TEST(AdapterModules, ResidentOnTopOfTheBudgetListingEachAdapterOnce) {
+  InventoryBuilder b("M");
+  b.container("");
+  b.linear("blocks.0", 128, 128);
+  b.linear("blocks.1", 128, 128);
+  b.container("blocks.0.lora_A");
+  b.linear("blocks.0.lora_A.style", 4, 128, false);
+  b.container("blocks.0.lora_B");
+  b.linear("blocks.0.lora_B.style", 128, 4, false);
+  b.linear("lora_up", 128, 128);  // not an adapter module: streamed as any Linear
+  const Plan plan = make_plan(b.take(), linear_config(), {});
+  for (const char* name :
+       {"blocks.0.lora_A", "blocks.0.lora_A.style", "blocks.0.lora_B", "blocks.0.lora_B.style"}) {
+    EXPECT_TRUE(module(plan, name).always_resident) << name;
+    EXPECT_EQ(module(plan, name).placement, Placement::kResident) << name;
+  }
+  EXPECT_FALSE(module(plan, "lora_up").always_resident);
+  const Decision& d = decision(plan, "adapters_resident");
+  EXPECT_EQ(d.inputs["matched"], (nlohmann::json{"blocks.0.lora_A", "blocks.0.lora_B"}));
+  EXPECT_EQ(d.inputs["modules_matched"], 2);
+  EXPECT_EQ(d.inputs["bytes"], 2 * 4 * 128 * 2);
+  EXPECT_EQ(d.inputs["names"].size(), adapter_module_names().size());
+}
+
 }  // namespace
 }  // namespace ddo::core

@@ -26,7 +26,6 @@ Three things the user does to an attached model, as diffusers and PEFT do them
 
 from __future__ import annotations
 
-import re
 import weakref
 from typing import Any, Optional
 
@@ -34,13 +33,6 @@ import torch
 from torch import nn
 
 from . import _C
-
-# The rule of Note [Adapter modules] (core/src/planner_patterns.cpp, kAdapterModulesPattern) for a
-# tensor's module name: the adapter containers and what they hold.
-_ADAPTER_MODULE = re.compile(
-    r"(^|\.)(lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)(\.|$)"
-)
-
 
 def _to_host(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor) and value.device != device:
@@ -201,9 +193,10 @@ class _Watch:
                 for key, t in getattr(module, kind).items():
                     if t is None or self._known(t) or _C.is_managed(t):
                         continue
-                    full = f"{mname}.{key}" if mname else key
-                    if not _ADAPTER_MODULE.search(full):
-                        others.append(full)
+                    # Note [Adapter modules] (core/src/planner_patterns.cpp): the module that
+                    # holds the tensor decides, by the rule the planner and quantize= use.
+                    if not _C.is_adapter_module(mname):
+                        others.append(f"{mname}.{key}" if mname else key)
                         continue
                     self._place(module, kind, key, t)
         if not others:  # else every forward raises until the user attaches again

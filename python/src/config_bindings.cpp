@@ -1,5 +1,6 @@
-// ddo._C: DynamicOffloadConfig's fields, the presets and the settings loader. Everything forwards
-// to ddo_core (config.h, presets.h, settings.h); ddo/config.py adds names and defaults only.
+// ddo._C: DynamicOffloadConfig's fields, the presets, the settings loader and the planner's rule
+// for adapter modules. Everything forwards to ddo_core (config.h, presets.h, settings.h,
+// planner.h); ddo/config.py adds names and defaults only.
 #include <map>
 #include <optional>
 #include <string>
@@ -8,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "ddo/core/config.h"
+#include "ddo/core/planner.h"
 #include "ddo/core/presets.h"
 #include "ddo/core/settings.h"
 #include "py_common.h"
@@ -146,6 +148,13 @@ void bind_config(py::module_& m) {
       py::arg("route"), py::arg("group_offload"), py::arg("dynamic_offload"),
       py::arg("offload_type"));
   m.def("component_env_key", [](const std::string& c) { return core::component_env_key(c); });
+  // --- planner rules -----------------------------------------------------------------------------
+  m.def(
+      "is_adapter_module",
+      [](const std::string& module_name) { return core::is_adapter_module(module_name); },
+      py::arg("module_name"),
+      "Whether a module of this name is a LoRA/PEFT adapter module (Note [Adapter modules]).");
+  m.def("adapter_module_names", &core::adapter_module_names);
 }
 
 }  // namespace ddo::python

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "ddo/core/mapped_file.h"
+#include "ddo/core/planner.h"
 #include "ddo/core/status.h"
 #include "ddo/sdnq/quantize.h"
 #include "ddo/sdnq/quantize_model.h"
@@ -83,11 +84,11 @@ const char* skip_reason(const at::Tensor& w,
 // Why a Linear stays dense whatever its weight holds: its class, its role, or the model's own
 // wish; nullopt when its weight decides (skip_reason). A subclass's forward is its own (a LoRA
 // wrapper's, a library's custom Linear) and may read the weight in ways the placeholder does not
-// serve as a Linear. An adapter (a component of its name starts with "lora": peft's lora_A and
-// lora_B, diffusers' lora_layer, kohya's lora_up and lora_down) holds small updates that
-// quantizing would lose, and is what a host trains or swaps. A module the model keeps at full
-// precision (diffusers' and transformers' _keep_in_fp32_modules, matched as their loaders match it:
-// a component of the name) is one whose forward reads its parameters' dtype.
+// serve as a Linear. An adapter module (core::is_adapter_module: PEFT's lora_A, lora_B, ...,
+// diffusers' lora_layer; Note [Adapter modules] in core/src/planner_patterns.cpp) holds small
+// updates that quantizing would lose, and is what a host trains or swaps. A module the model keeps
+// at full precision (diffusers' and transformers' _keep_in_fp32_modules, matched as their loaders
+// match it: a component of the name) is one whose forward reads its parameters' dtype.
 std::optional<std::string> module_keep_reason(const ModuleEntry& entry,
                                               const OffloadOptions& options) {
   if (!entry.stock_class) {
@@ -111,11 +112,10 @@ std::optional<std::string> module_keep_reason(const ModuleEntry& entry,
       }
     }
   }
-  for (std::string_view c : components) {
-    if (c.substr(0, 4) == "lora") {
-      return fmt::format("a LoRA adapter ({} in its name): adapters stay at the model's precision",
-                         c);
-    }
+  const std::string_view adapter = core::adapter_component(entry.name);
+  if (!adapter.empty()) {
+    return fmt::format("a LoRA adapter ({} in its name): adapters stay at the model's precision",
+                       adapter);
   }
   return std::nullopt;
 }

@@ -227,6 +227,30 @@ std::vector<std::size_t> greedy_fill(const std::vector<std::size_t>& order,
                                      const std::vector<std::int64_t>& bytes,
                                      std::int64_t budget_bytes);
 
+/// The module names that make a module a LoRA/PEFT adapter module (Note [Adapter modules] in
+/// planner_patterns.cpp): PEFT's LoraLayer.adapter_layer_names (`lora_A`, `lora_B`,
+/// `lora_embedding_A`, `lora_embedding_B`, `lora_magnitude_vector`) and diffusers' own
+/// `lora_layer`.
+const std::vector<std::string>& adapter_module_names();
+
+/// The component of `module_name` (its dot-separated parts) that makes it an adapter module: the
+/// first one equal to an adapter_module_names() entry, as a view into `module_name`; empty when
+/// none is. A module inside an adapter module is one too.
+///
+/// ```
+/// adapter_component("blocks.0.attn.to_q.lora_A.style");  // "lora_A"
+/// adapter_component("blocks.0.attn.to_q.base_layer");    // ""
+/// adapter_component("lora_up");                          // "" (a checkpoint key, not a module)
+/// ```
+std::string_view adapter_component(std::string_view module_name);
+
+/// The one rule for adapter modules (Note [Adapter modules]): the planner keeps them resident
+/// on top of the budget (decision `adapters_resident`), quantize= keeps them dense, and Python
+/// places adapter tensors added after an attach (`ddo._C.is_adapter_module`).
+inline bool is_adapter_module(std::string_view module_name) {
+  return !adapter_component(module_name).empty();
+}
+
 /// The balanced policy's built-in VRAM headroom for a card of `total_vram_bytes`.
 std::int64_t balanced_headroom_bytes(std::int64_t total_vram_bytes);
 
