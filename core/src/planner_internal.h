@@ -168,6 +168,7 @@ class Planner {
   std::vector<std::size_t> candidates_;        // candidate module indices, model order
   std::vector<BlockGroup> block_groups_;       // the groups behind block_patterns
   std::int64_t always_resident_bytes_ = 0;
+  std::int64_t adapter_bytes_ = 0;  // Note [Adapter modules]: the part of always_resident_bytes_
 
   std::int64_t move_once_bytes_ = 0;
   std::vector<TensorRef> streamed_;         // model order

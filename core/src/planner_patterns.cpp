@@ -149,6 +149,7 @@ void Planner::apply_always_resident() {
       bytes += inv_.modules[m].bytes();
     }
     always_resident_bytes_ += bytes;
+    if (std::string_view(what) == "adapters_resident") adapter_bytes_ = bytes;
     std::vector<std::string> kept;
     for (const std::string& name : matched) {
       auto index = inv_.module_index(name);

@@ -452,12 +452,31 @@ void Planner::resolve_resident_budget() {
     return;
   }
   if (ctx_.profile_budget_bytes) {
-    plan_.resident_budget_bytes = *ctx_.profile_budget_bytes;
+    // Note [Adapters under a saved profile]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // Adapters are not part of a profile's identity (docs/design/0007-named-profiles.md): a host
+    // switches LoRAs between generations under one name. The recommendation is total - peak -
+    // headroom, with the calibration's adapters inside that peak; a larger adapter loaded since
+    // (rank 16 after rank 4) adds its extra bytes on top of the budget (Note [Adapter modules]),
+    // and when the budget fits resident_room the run would peak above the card by them. The
+    // profile does not record its adapters, so this run's adapter bytes come out of the
+    // recommendation: the run peaks at most at total - headroom - the calibration's adapter bytes,
+    // whatever adapter is loaded, and a run with the calibration's own adapter keeps their bytes
+    // (about 1% of a FLUX transformer at rank 16) fewer resident.
+    const std::int64_t budget =
+        std::max<std::int64_t>(0, *ctx_.profile_budget_bytes - adapter_bytes_);
+    plan_.resident_budget_bytes = budget;
     decide("resident_budget_profile",
            {{"profile_budget_bytes", *ctx_.profile_budget_bytes},
+            {"adapter_bytes", adapter_bytes_},
+            {"budget_bytes", budget},
             {"profile_name", config_.profile_name}},
-           fmt::format("saved profile recommendation {} replaces the heuristic",
-                       gib(plan_.resident_budget_bytes)));
+           adapter_bytes_ > 0
+               ? fmt::format("saved profile recommendation {} less the adapters' {} replaces the "
+                             "heuristic",
+                             gib(*ctx_.profile_budget_bytes), gib(adapter_bytes_))
+               : fmt::format("saved profile recommendation {} replaces the heuristic",
+                             gib(plan_.resident_budget_bytes)));
     fit_budget_to_card(FixedBudget::kProfile);
     return;
   }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "ddo/core/inventory.h"
@@ -351,6 +352,31 @@ TEST(PlannerBudget, GiBFiguresBeyondBytesAreErrorsNamingTheField) {
     EXPECT_NE(std::string(e.what()).find("resident_module_budget_gb"), std::string::npos)
         << e.what();
   }
+}
+
+// Note [Adapters under a saved profile]: this run's adapter bytes come out of the recommendation,
+// so a larger adapter loaded since the calibration stays within the card.
+TEST(PlannerBudget, AProfileBudgetLeavesRoomForTheAdaptersOnTopOfIt) {
+  InventoryBuilder b("M");
+  b.container("");
+  for (int i = 0; i < 4; ++i) b.linear(fmt::format("blocks.{}", i), 256, 256);
+  b.container("blocks.0.lora_A");
+  b.linear("blocks.0.lora_A.b", 16, 256, false);
+  b.container("blocks.0.lora_B");
+  b.linear("blocks.0.lora_B.b", 256, 16, false);
+  const ModelInventory inventory = b.take();
+  const std::int64_t adapters = 2 * 16 * 256 * 2;
+  PlanContext ctx;
+  ctx.total_vram_bytes = 24 * kGB;
+  ctx.profile_budget_bytes = 2 * (256 * 256 + 256) * 2;  // two blocks' bytes
+  const Plan plan = make_plan(inventory, linear_config(), ctx);
+  const Decision& d = decision(plan, "resident_budget_profile");
+  EXPECT_EQ(d.inputs["adapter_bytes"], adapters);
+  EXPECT_EQ(plan.resident_budget_bytes, *ctx.profile_budget_bytes - adapters);
+  EXPECT_EQ(d.inputs["budget_bytes"], plan.resident_budget_bytes);
+  // A budget smaller than the adapters leaves none for residents, never a negative one.
+  ctx.profile_budget_bytes = adapters / 2;
+  EXPECT_EQ(make_plan(inventory, linear_config(), ctx).resident_budget_bytes, 0);
 }
 
 }  // namespace

@@ -293,6 +293,56 @@ def test_writes_through_data_are_seen_and_a_reshaping_one_is_refused_by_name():
 
 # -- on a CUDA card (skipped, saying so, without one) ---------------------------------------------
 
+def profiled_run(model, name, calibrate, cap_gb):
+    """One generation under the named profile `name` on a sim card of `cap_gb` (profile_run's
+    report, the run's report, the output)."""
+    offload = attach(model, preset="auto", profile_name=name, build_profile=calibrate,
+                     execution_device="sim", vram_cap_gb=cap_gb, small_tensor_threshold_bytes=0,
+                     profile_vram_headroom_gb=0.0, show_profile=False)
+    with offload.profile_run() as profile_report:
+        out = run(model)
+    report = offload.report()
+    offload.remove()
+    _attached.remove(offload)
+    return profile_report, report, out
+
+
+def test_a_named_profile_calibrated_with_one_adapter_holds_the_cap_after_switching_to_a_larger(
+        profile_dir):
+    # Issue 45: adapters are not part of a profile's identity (docs/design/0007-named-profiles.md),
+    # so one name serves a generation with adapter A (rank 4) and, after a switch, one with B
+    # (rank 16, four times A's resident bytes). The profile's budget was measured with A resident
+    # on top of it; B's extra bytes must come out of that budget, not out of the card.
+    model, reference = pair()
+    a = lora_state_dict(model, 1, rank=4)
+    b = lora_state_dict(model, 2, rank=16)
+    # 1.6 times the model: the calibration's peak (every weight streamed) leaves a budget that
+    # holds some blocks but not all, so the budget, not the card, decides what is resident.
+    cap_gb = 1.6 * model_bytes(model) / 2**30
+    load((model,), state_dict=a, name="a")
+    saved, calibration, _ = profiled_run(model, "lora-switch", True, cap_gb)
+    assert saved["status"] == "saved", saved
+    a_bytes = next(d for d in calibration["decisions"]
+                   if d["name"] == "adapters_resident")["inputs"]["bytes"]
+
+    model.unload_lora()  # the switch: A goes, B comes
+    load((model, reference), state_dict=b, name="b")
+    expected = run(reference)  # before the attach: on the sim every CPU allocation counts then
+    applied, report, out = profiled_run(model, "lora-switch", False, cap_gb)
+    assert applied["status"] == "applied", applied
+    decisions = {d["name"]: d for d in report["decisions"]}
+    b_bytes = decisions["adapters_resident"]["inputs"]["bytes"]
+    assert b_bytes == 4 * a_bytes, (b_bytes, a_bytes)
+    # Note [Adapters under a saved profile]: B's bytes come out of the saved recommendation.
+    profile = decisions["resident_budget_profile"]["inputs"]
+    assert profile["adapter_bytes"] == b_bytes, profile
+    assert profile["budget_bytes"] == profile["profile_budget_bytes"] - b_bytes, profile
+    assert report["plan"]["resident_budget_bytes"] <= profile["budget_bytes"], report["plan"]
+    assert 0 < report["run"]["peak_vram_gb"] <= cap_gb, (report["run"], applied)
+    assert 0 < applied["run_peak_vram_gb"] <= cap_gb, applied
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
 
