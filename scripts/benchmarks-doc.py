@@ -116,6 +116,18 @@ def w6_rows(doc: dict) -> str:
     return head + "\n".join(lines) + "\n" + foot
 
 
+def section(out: list, title: str, what: str, pattern: str, kinds: tuple, render_doc) -> None:
+    """Appends a workload's section: its title, what it measures, and the newest run's documents
+    each rendered by `render_doc` (or a line saying there is none)."""
+    out += [title, "", what, ""]
+    found = documents(pattern, kinds)
+    if found is None:
+        out += ["No run in `bench/results/` yet.", ""]
+        return
+    folder, docs = found
+    out += [run_line(folder), ""] + [render_doc(d).rstrip() + "\n" for d in docs]
+
+
 def run_line(folder: Path) -> str:
     return f"Run of {folder.name[:10]}: `bench/results/{folder.name}/`."
 
@@ -159,42 +171,25 @@ def render() -> str:
             out += [bench_tables.w4_profile_table(d).rstrip() + "\n" for d in docs]
     if not found_any:
         out += ["No run in `bench/results/` yet.", ""]
-    found = documents("lora*.json", ("lora",))
-    out += ["## LoRA: adapters unfused and fused under ddo", "",
+    section(out, "## LoRA: adapters unfused and fused under ddo",
             "The W1-py transformer under ddo at one cap (`bench/python/lora_bench.py`): a random "
             "LoRA on every attention and MLP Linear loaded through diffusers' `load_lora_adapter` "
             "while attached, the step unfused and fused against the model without adapters, the "
             "seconds to fuse and unfuse while attached against one read of the targeted weights "
-            "from pinned memory, and a switch to a second adapter.", ""]
-    if found is None:
-        out += ["No run in `bench/results/` yet.", ""]
-    else:
-        folder, docs = found
-        out += [run_line(folder), ""] + [bench_tables.lora_table(d).rstrip() + "\n" for d in docs]
-    found = documents("load*.json", ("w1-py-from-disk",))
-    out += ["## Loading from disk: the W1-py transformer from safetensors shards", "",
+            "from pinned memory, and a switch to a second adapter.",
+            "lora*.json", ("lora",), bench_tables.lora_table)
+    section(out, "## Loading from disk: the W1-py transformer from safetensors shards",
             "A fresh process per row reads the sharded checkpoint and attaches (`cold`: the files "
             "dropped from the page cache first). `ddo_disk` caps host RAM so that part of the "
-            "streamed weights is read from the files every step (the disk tier).", ""]
-    if found is None:
-        out += ["No run in `bench/results/` yet.", ""]
-    else:
-        folder, docs = found
-        out += [run_line(folder), ""]
-        out += [load_rows(d).rstrip() + "\n" for d in docs]
-    found = documents("w6*.json", ("W6",))
-    out += ["## W6: whole generations, from the pipeline folder to the written output", "",
+            "streamed weights is read from the files every step (the disk tier).",
+            "load*.json", ("w1-py-from-disk",), load_rows)
+    section(out, "## W6: whole generations, from the pipeline folder to the written output",
             "A cold process per row (`examples/python/generate.py`): the text encoders, the "
             "denoising steps and the VAE decode, each component read from the folder and "
             "released after its stage. Rows: all resident (the reference the pixels are compared "
             "with); ddo under each cap; diffusers' offload routes and diffusers-dynamic-offloader "
-            "under the same caps. Streamed, disk and VRAM figures are ddo's GenerationMeter's.", ""]
-    if found is None:
-        out += ["No run in `bench/results/` yet.", ""]
-    else:
-        folder, docs = found
-        out += [run_line(folder), ""]
-        out += [w6_rows(d).rstrip() + "\n" for d in docs]
+            "under the same caps. Streamed, disk and VRAM figures are ddo's GenerationMeter's.",
+            "w6*.json", ("W6",), w6_rows)
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -710,6 +710,22 @@ def time_ms(fn, cuda: bool, reps: int = 20) -> float:
     return times[len(times) // 2]
 
 
+def gemm_cases(cuda: bool, tokens: int, shapes, weights_dtypes):
+    """For each (out, in) of ``shapes``: (out, in, the bf16 Linear on the device, {weights dtype:
+    its ddo.sdnq.quantize_linear(..., quantized_matmul=True) layer quantized on the host, on the
+    device}, a contiguous [tokens, in] bf16 input). The GEMM rows of W4 and its kernel table."""
+    import torch
+    import ddo
+
+    dev = "cuda" if cuda else "cpu"
+    x = torch.randn(tokens, max(i for _, i in shapes), device=dev, dtype=torch.bfloat16)
+    for out_f, in_f in shapes:
+        lin = torch.nn.Linear(in_f, out_f).to(torch.bfloat16)
+        quantized = {name: ddo.sdnq.quantize_linear(lin, name, 0, quantized_matmul=True).to(dev)
+                     for name in weights_dtypes}
+        yield out_f, in_f, lin.to(dev), quantized, x[:, :in_f].contiguous()
+
+
 def command_line() -> str:
     """The invoking command as a reader reruns it from the repository root: the script by its
     path in the repository, and absolute paths among the arguments by their file names (result

@@ -42,9 +42,7 @@ def log(msg: str) -> None:
 
 bc.set_logger(log)
 
-FLUX_SHAPES = [(3072, 3072), (12288, 3072), (3072, 12288), (21504, 3072), (3072, 15360),
-               (18432, 3072), (9216, 3072)]
-WAN_SHAPES = [(5120, 5120), (13824, 5120), (5120, 13824), (5120, 4096)]
+from w4_quantized import FLUX_SHAPES, WAN_SHAPES  # noqa: E402  (one list of each family's shapes)
 
 # Kernel categories by name, first match wins (lower-case substrings).
 CATEGORIES = [
@@ -72,12 +70,9 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
 
     dev = "cuda" if cuda else "cpu"
     rows = []
-    x = torch.randn(tokens, max(i for _, i in shapes), device=dev, dtype=torch.bfloat16)
-    for out_f, in_f in shapes:
-        lin = torch.nn.Linear(in_f, out_f).to(torch.bfloat16)
-        q = ddo.sdnq.quantize_linear(lin, "float8_e4m3fn", 0, quantized_matmul=True).to(dev)
-        dense = lin.to(dev)
-        xi = x[:, :in_f].contiguous()
+    for out_f, in_f, dense, quantized, xi in bc.gemm_cases(cuda, tokens, shapes,
+                                                           ("float8_e4m3fn",)):
+        q = quantized["float8_e4m3fn"]
         row = dict(out=out_f, inp=in_f, tokens=tokens)
         flops = 2.0 * tokens * in_f * out_f
         with torch.no_grad():

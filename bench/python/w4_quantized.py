@@ -68,17 +68,11 @@ WAN_SHAPES = [(5120, 5120), (13824, 5120), (5120, 13824), (5120, 4096)]
 
 def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     import torch
-    import ddo
 
     dev = "cuda" if cuda else "cpu"
     rows = []
-    x = torch.randn(tokens, max(i for _, i in shapes), device=dev, dtype=torch.bfloat16)
-    for out_f, in_f in shapes:
-        lin = torch.nn.Linear(in_f, out_f).to(torch.bfloat16)
-        quantized = {name: ddo.sdnq.quantize_linear(lin, name, 0, quantized_matmul=True).to(dev)
-                     for name in ("float8_e4m3fn", "int8")}
-        dense = lin.to(dev)
-        xi = x[:, :in_f].contiguous()
+    for out_f, in_f, dense, quantized, xi in bc.gemm_cases(cuda, tokens, shapes,
+                                                           ("float8_e4m3fn", "int8")):
         row = dict(route="gemm", out=out_f, inp=in_f, tokens=tokens)
         with torch.no_grad():
             row["bf16_ms"] = bc.time_ms(lambda: dense(xi), cuda)
