@@ -29,6 +29,8 @@ toolchain=$root/cmake/mingw-w64-x86_64.cmake
 excluded=(
   "ProfileStoreTest.ReadOnlyDirectoryFailsAndKeepsTheSavedProfile|a directory's read-only attribute does not stop creating files in it on Windows (only an ACL would); DirectoryThatIsAFileIsAClearError covers the unwritable directory"
   "HostileFilesTest.FifoInPlaceOfAProfileIsNamedAndNeverBlocks|Windows has no FIFOs in the file system (named pipes live under \\\\.\\pipe\\); DirectoryInPlaceOfAProfileIsNamed covers a non-file in a profile's place"
+  "CalibrationRegionLockTest.ALinkAtTheLockNameIsRefusedAndItsTargetIsNeverCreated|creating a symbolic link needs a privilege on Windows; the lock opens with FILE_FLAG_OPEN_REPARSE_POINT and refuses a reparse point (os_file_win32.cpp)"
+  "CalibrationRegionLockTest.AnotherUsersFileOrANonRegularFileIsRefused|no FIFOs or POSIX owners on Windows, whose temporary folder is per user"
   "HostileFilesTest.CheckWritableFailsBeforeARunWhenTheDirectoryCannotBeWritten (its read-only-directory half only)|the same read-only attribute; its other half (a directory under a file) runs"
 )
 echo "windows: excluded under Wine:" >&2

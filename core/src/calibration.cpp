@@ -545,18 +545,32 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
 // the card) while its run goes. Two processes calibrating on one GPU would each measure the
 // other's memory and save a budget that is too small, or too large for when the other process
 // is gone. The in-process registry cannot see another process, so a region on a CUDA device also
-// takes a lock file, without waiting: "ddo-calibrating-cuda-<N>.lock" in the system's temporary
-// folder, one for all users' processes on the machine. A held lock is the other process's
-// region: the attach fails naming it. The lock is an OS lock (flock, LockFileEx), released when
-// its process ends, so a killed process leaves nothing to clean. Processes that number the GPUs
-// differently (CUDA_VISIBLE_DEVICES) can see one card under two indices; the lock follows the
-// index, so such a pair is not refused. A lock file that cannot be created or opened (a
-// read-only temporary folder, another user's file) leaves the region guarded within the process
-// only.
+// takes a lock file, without waiting: "ddo-calibrating-cuda-<N>-user-<uid>.lock" in the system's
+// temporary folder (on Windows "ddo-calibrating-cuda-<N>.lock": its temporary folder is the
+// user's own). A held lock is the other process's region: the attach fails naming it and the
+// process id its holder wrote into the file. The lock is an OS lock (flock, LockFileEx), released
+// when its process ends, so a killed process leaves nothing to clean.
+//
+// The lock is per user, although another user's calibration on the same GPU disturbs the
+// measurement as much as one's own. A name every user shares, in a folder every user can write,
+// lets any local user hold it (a loop that takes it blocks every calibration on the machine) or
+// plant a link there (a root process would create or lock the link's target), and no owner can
+// be required of a file the first user to calibrate creates. Another user's process on the card
+// is the same case as any other program using the GPU meanwhile (a training job, a desktop): no
+// lock of ddo's keeps it out, and the measurement counts it. So the lock guards what one user
+// controls, their own processes, and it cannot be taken from them: the file is opened without
+// following a link, and a name held by anything but a regular file of this user's with one name
+// is refused with an error naming it (os::lock_owned_file), never used, and nothing is created at
+// a link's target. Processes that number the GPUs differently (CUDA_VISIBLE_DEVICES) can see one
+// card under two indices; the lock follows the index, so such a pair is not refused. A lock file
+// that cannot be created (a read-only temporary folder) leaves the region guarded within the
+// process only.
 std::filesystem::path CalibrationRegionLock::lock_file_for(std::string_view device) {
   const std::string key = normalize_calibration_device(device).value_or(std::string(device));
   if (key.rfind("cuda", 0) != 0) return {};
-  std::string name = "ddo-calibrating-" + key + ".lock";
+  std::string name = "ddo-calibrating-" + key;
+  if (const std::string user = os::user_id_text(); !user.empty()) name += "-user-" + user;
+  name += ".lock";
   std::replace(name.begin(), name.end(), ':', '-');
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
@@ -575,11 +589,17 @@ CalibrationRegionLock CalibrationRegionLock::acquire(std::string_view device) {
             "another");
   int fd = -1;
   if (const std::filesystem::path lock = lock_file_for(key); !lock.empty()) {
-    const os::Result r = os::lock_file(lock, &fd, /*wait=*/false);
-    DDO_CHECK(r.fail != os::Fail::kExists, Code::kFailedPrecondition,
-              "another process is calibrating on ", key, " (it holds ", lock.string(),
-              "); two calibrations on one GPU would each measure the other's memory and save a "
-              "wrong budget: wait until that run ends, or calibrate on another GPU");
+    long holder = 0;
+    const os::Result r = os::lock_owned_file(lock, &fd, &holder);
+    DDO_CHECK(
+        r.fail != os::Fail::kExists, Code::kFailedPrecondition,
+        "another process is calibrating on ", key, " (",
+        holder > 0 ? "process " + std::to_string(holder) : std::string("its process id is unknown"),
+        " holds ", lock.string(),
+        "); two calibrations on one GPU would each measure the other's memory and save a "
+        "wrong budget: wait until that run ends, or calibrate on another GPU");
+    DDO_CHECK(r.fail != os::Fail::kNotRegular, Code::kFailedPrecondition,
+              "cannot take the calibration lock for ", key, ": ", r.text);
     if (!r.ok()) fd = -1;  // Note [Calibration across processes]: in-process guard only
   }
   registry.active.insert(key);

@@ -16,6 +16,8 @@
 //   data on disk     fsync before the rename                  FlushFileBuffers before the move
 //   exclusive create open(O_CREAT | O_EXCL)                   CreateFileW(CREATE_NEW)
 //   lock             flock(LOCK_EX) on "<file>.lock"          LockFileEx(EXCLUSIVE) on it
+//   no link followed open(O_NOFOLLOW), then fstat: regular,  CreateFileW(OPEN_REPARSE_POINT),
+//                    one link, this user's                    then no reparse point, one link
 //   backup name      link(2), EEXIST when taken               CreateHardLinkW, ERROR_ALREADY_EXISTS
 //   owner gone       kill(pid, 0) == ESRCH                    OpenProcess fails with
 //                                                             ERROR_INVALID_PARAMETER, or
@@ -93,8 +95,21 @@ Result read_regular_file(const std::filesystem::path& path, std::size_t max_byte
 /// does not wait: kExists when another holder has it.
 Result lock_file(const std::filesystem::path& lock_path, int* fd, bool wait = true);
 
-/// Unlocks and closes a descriptor from lock_file().
+/// Unlocks and closes a descriptor from lock_file() or lock_owned_file().
 void unlock_file(int fd);
+
+/// A lock for this user's processes at a fixed name in a folder every user can write (the
+/// temporary folder), taken without waiting. Opens (creating, mode 0600) `lock_path` without
+/// following a link there (O_NOFOLLOW; FILE_FLAG_OPEN_REPARSE_POINT) and refuses, with kNotRegular
+/// and nothing created or written elsewhere, a symbolic link, a file that is not regular, one with
+/// a second name (a hard link), and on POSIX one owned by another user (`text` names the owner's
+/// uid). kExists when another process holds it: `*holder_pid` is the process id the holder wrote
+/// into the file (0 when it cannot be read). Once locked the file holds this process's id.
+Result lock_owned_file(const std::filesystem::path& lock_path, int* fd, long* holder_pid);
+
+/// This user's id as text for per-user file names ("1000"); empty on Windows, whose temporary
+/// folder is per user already.
+std::string user_id_text();
 
 /// Whether a held lock file can be deleted: true on POSIX (flock survives unlink, and
 /// lock_file() re-checks), false on Windows (Note [File semantics per platform]).

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <limits>
 #include <system_error>
 
@@ -191,6 +192,88 @@ Result lock_file(const fs::path& lock_path, int* out, bool wait) {
 void unlock_file(int fd) {
   ::flock(fd, LOCK_UN);
   ::close(fd);
+}
+
+namespace {
+
+// The process id a lock holder wrote at the start of its lock file; 0 when there is none.
+long read_holder_pid(int fd) {
+  char text[32] = {};
+  const ssize_t n = ::pread(fd, text, sizeof(text) - 1, 0);
+  if (n <= 0) return 0;
+  char* end = nullptr;
+  const long pid = std::strtol(text, &end, 10);
+  return end != text && pid > 0 ? pid : 0;
+}
+
+}  // namespace
+
+Result lock_owned_file(const fs::path& lock_path, int* out, long* holder_pid) {
+  *holder_pid = 0;
+  // O_NOFOLLOW: a symbolic link at the name (another user's, pointing anywhere) fails with ELOOP
+  // and creates nothing at its target; O_NONBLOCK: a FIFO there does not block the open.
+  const int fd =
+      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      return Result{Fail::kNotRegular,
+                    fmt::format("'{}' is a symbolic link; a lock file is never followed through a "
+                                "link: delete the link",
+                                lock_path.string())};
+    }
+    if (err == EISDIR) {
+      return Result{
+          Fail::kNotRegular,
+          fmt::format("'{}' is a directory, not a lock file: delete it", lock_path.string())};
+    }
+    return other(fmt::format("cannot open lock file '{}'", lock_path.string()), err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return other(fmt::format("cannot inspect lock file '{}'", lock_path.string()), err);
+  }
+  std::string refused;
+  if (!S_ISREG(st.st_mode)) {
+    refused = fmt::format("'{}' is {}, not a lock file: delete it", lock_path.string(),
+                          file_kind(st.st_mode));
+  } else if (st.st_uid != ::geteuid()) {
+    refused = fmt::format(
+        "lock file '{}' belongs to user id {}, not to this user (id {}); another user's file is "
+        "never used as this user's lock: ask its owner or an administrator to delete it",
+        lock_path.string(), static_cast<long>(st.st_uid), static_cast<long>(::geteuid()));
+  } else if (st.st_nlink != 1) {
+    refused = fmt::format("lock file '{}' has {} names (a hard link); delete it",
+                          lock_path.string(), static_cast<long>(st.st_nlink));
+  }
+  if (!refused.empty()) {
+    ::close(fd);
+    return Result{Fail::kNotRegular, std::move(refused)};
+  }
+  int rc = 0;
+  while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) *holder_pid = read_holder_pid(fd);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return Result{Fail::kExists,
+                    fmt::format("'{}' is locked by another process", lock_path.string())};
+    }
+    return other(fmt::format("cannot lock '{}'", lock_path.string()), err);
+  }
+  // The holder's id for the next process's message; a failed write costs only that message.
+  const std::string pid = std::to_string(current_process_id()) + "\n";
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  *out = fd;
+  return {};
+}
+
+std::string user_id_text() {
+  return std::to_string(static_cast<long>(::geteuid()));
 }
 
 fs::path system_home_folder() {

@@ -11,6 +11,7 @@
 #include <shlobj.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <ctime>
 #include <limits>
 
@@ -249,6 +250,84 @@ void unlock_file(int fd) {
     UnlockFileEx(file, 0, MAXDWORD, MAXDWORD, &whole);
   }
   _close(fd);  // closes the handle too
+}
+
+namespace {
+
+// Where lock_owned_file() locks: one byte far past the process id at the start of the file, so
+// that another process can read the id while the lock is held (Windows locks are mandatory: a
+// locked range cannot be read).
+constexpr DWORD kOwnedLockOffsetHigh = 0x40000000;
+
+long read_holder_pid(HANDLE file) {
+  char text[32] = {};
+  OVERLAPPED at{};  // offset 0
+  DWORD n = 0;
+  if (!ReadFile(file, text, sizeof(text) - 1, &n, &at) || n == 0) return 0;
+  char* end = nullptr;
+  const long pid = std::strtol(text, &end, 10);
+  return end != text && pid > 0 ? pid : 0;
+}
+
+}  // namespace
+
+Result lock_owned_file(const fs::path& lock_path, int* out, long* holder_pid) {
+  *holder_pid = 0;
+  // FILE_FLAG_OPEN_REPARSE_POINT: a symbolic link or junction at the name is opened itself, not
+  // followed, and refused below.
+  HANDLE file = CreateFileW(lock_path.c_str(), GENERIC_READ | GENERIC_WRITE,
+                            FILE_SHARE_READ | FILE_SHARE_WRITE, nullptr, OPEN_ALWAYS,
+                            FILE_ATTRIBUTE_NORMAL | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  if (file == INVALID_HANDLE_VALUE) {
+    return other(fmt::format("cannot open lock file '{}'", lock_path.string()), GetLastError());
+  }
+  BY_HANDLE_FILE_INFORMATION info{};
+  std::string refused;
+  if (!GetFileInformationByHandle(file, &info)) {
+    refused = fmt::format("cannot inspect lock file '{}'", lock_path.string());
+  } else if ((info.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0) {
+    refused = fmt::format(
+        "'{}' is a symbolic link; a lock file is never followed through a link: delete the link",
+        lock_path.string());
+  } else if ((info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) != 0) {
+    refused = fmt::format("'{}' is a directory, not a lock file: delete it", lock_path.string());
+  } else if (info.nNumberOfLinks != 1) {
+    refused = fmt::format("lock file '{}' has {} names (a hard link); delete it",
+                          lock_path.string(), static_cast<unsigned long>(info.nNumberOfLinks));
+  }
+  if (!refused.empty()) {
+    CloseHandle(file);
+    return Result{Fail::kNotRegular, std::move(refused)};
+  }
+  OVERLAPPED far_byte{};
+  far_byte.OffsetHigh = kOwnedLockOffsetHigh;
+  if (!LockFileEx(file, LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &far_byte)) {
+    const DWORD err = GetLastError();
+    if (err == ERROR_LOCK_VIOLATION) *holder_pid = read_holder_pid(file);
+    CloseHandle(file);
+    if (err == ERROR_LOCK_VIOLATION) {
+      return Result{Fail::kExists,
+                    fmt::format("'{}' is locked by another process", lock_path.string())};
+    }
+    return other(fmt::format("cannot lock '{}'", lock_path.string()), err);
+  }
+  // The holder's id for the next process's message; a failed write costs only that message.
+  const std::string pid = std::to_string(current_process_id()) + "\r\n";
+  OVERLAPPED start{};
+  DWORD written = 0;
+  (void)WriteFile(file, pid.data(), static_cast<DWORD>(pid.size()), &written, &start);
+  const int fd = _open_osfhandle(reinterpret_cast<intptr_t>(file), _O_RDWR);
+  if (fd < 0) {
+    CloseHandle(file);  // also releases the lock
+    return Result{Fail::kOther, fmt::format("cannot lock '{}': out of C runtime descriptors",
+                                            lock_path.string())};
+  }
+  *out = fd;
+  return {};
+}
+
+std::string user_id_text() {
+  return {};
 }
 
 fs::path system_home_folder() {

@@ -247,12 +247,15 @@ std::optional<std::string> normalize_calibration_device(std::string_view device)
 class CalibrationRegionLock {
  public:
   /// Throws ddo::Error (kFailedPrecondition) when a region on `device` is already active in
-  /// this process or, for a CUDA device, in another process.
+  /// this process or, for a CUDA device, in another of this user's processes (the message names
+  /// its process id), and when the lock file's name is taken by a symbolic link, a file that is
+  /// not regular or another user's file (never followed or used).
   static CalibrationRegionLock acquire(std::string_view device);
 
-  /// The lock file that guards regions on CUDA `device` across processes ("cuda:0" ->
-  /// "<temp>/ddo-calibrating-cuda-0.lock"); empty for devices that need none (the simulation is
-  /// per process).
+  /// The lock file that guards regions on CUDA `device` across this user's processes ("cuda:0"
+  /// -> "<temp>/ddo-calibrating-cuda-0-user-<uid>.lock"; on Windows, whose temporary folder is
+  /// per user, "<temp>/ddo-calibrating-cuda-0.lock"); empty for devices that need none (the
+  /// simulation is per process).
   static std::filesystem::path lock_file_for(std::string_view device);
 
   /// `other` no longer holds the lock.
