@@ -66,16 +66,10 @@ std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
     const OffloadOptions& options, const std::string& profile_component) {
   const core::EnvMap env = options.env ? *options.env : core::process_env();
-  // Resolve once; every component uses these settings with its own route.
-  core::DynamicOffloadSettings settings;
-  if (options.settings) {
-    settings = *options.settings;
-  } else {
-    core::SettingsRequest request;
-    request.preset = options.preset;
-    request.config = options.config;
-    settings = core::DynamicOffloadSettings::from_env(request, env);
-  }
+  // Resolve once, as a single model's attach does (overrides included: a vram_cap_gb or
+  // execution_mode override decides the shared device below); every component uses these
+  // settings with its own route.
+  const core::DynamicOffloadSettings settings = internal::resolve_settings(options, env);
   std::vector<std::string> names;
   for (const auto& [name, module] : components) {
     DDO_CHECK(module != nullptr, Code::kInvalidArgument, "pipeline component '", name,

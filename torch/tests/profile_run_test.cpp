@@ -329,5 +329,42 @@ TEST(PipelineOffload, RoutesPerComponent) {
   EXPECT_TRUE(at::equal(dit.run(), dit.ref));
 }
 
+// Guards against: the shared device opened from settings without the overrides (issue 47, item
+// 8), so a sim_device_capacity_gb or vram_cap_gb override never reached it and
+// execution_mode=plan still opened one.
+TEST(PipelineOffload, OverridesDecideTheSharedDevice) {
+  Dit dit;
+  auto vae = std::make_shared<torch::nn::LinearImpl>(16, 16);
+  {
+    TempDir dir;
+    OffloadOptions o = dit_options(dir);  // sim_device_capacity_gb = 0.25
+    auto pipe = enable_pipeline_offload({{"transformer", dit.model.ptr()}, {"vae", vae}}, o);
+    const nlohmann::json run = pipe->component("transformer")->report()["run"];
+    ASSERT_TRUE(run.contains("total_vram_bytes")) << run.dump();
+    EXPECT_EQ(run["total_vram_bytes"].get<std::int64_t>(), core::kGiB / 4) << run.dump();
+    pipe->remove();
+  }
+  {
+    TempDir dir;
+    OffloadOptions o = dit_options(dir, {{"vram_cap_gb", 0.125}});
+    auto pipe = enable_pipeline_offload({{"transformer", dit.model.ptr()}, {"vae", vae}}, o);
+    EXPECT_EQ(pipe->component("transformer")->report()["run"]["total_vram_bytes"], core::kGiB / 8);
+    pipe->remove();
+  }
+  {
+    // Plan mode opens no device: a CUDA device, which this machine may lack, is never asked for.
+    TempDir dir;
+    OffloadOptions o = dit_options(dir, {{"execution_mode", "plan"}});
+    o.execution_device = "cuda:0";
+    std::unique_ptr<PipelineOffload> pipe;
+    ASSERT_NO_THROW(
+        pipe = enable_pipeline_offload({{"transformer", dit.model.ptr()}, {"vae", vae}}, o));
+    EXPECT_EQ(pipe->route_of("transformer"), core::Route::kDynamic);
+    pipe->remove();
+  }
+  EXPECT_FALSE(interception_active());
+  EXPECT_TRUE(at::equal(dit.run(), dit.ref));
+}
+
 }  // namespace
 }  // namespace ddo::adapter
