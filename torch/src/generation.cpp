@@ -172,32 +172,69 @@ GenerationMeter::StageFigures* GenerationMeter::find_stage(const std::string& na
   for (StageFigures& s : stages_) {
     if (s.name == name) return &s;
   }
-  return nullptr;
+  stages_.push_back(StageFigures{.name = name});
+  return &stages_.back();
 }
 
+namespace {
+
+template <typename Span>
+auto find_span(std::vector<Span>& open, std::thread::id thread, const std::string& name) {
+  return std::find_if(open.begin(), open.end(),
+                      [&](const Span& s) { return s.thread == thread && s.name == name; });
+}
+
+}  // namespace
+
+// Note [Stages from several threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pipeline may run a stage on a worker thread (a text encoder beside the denoiser's setup), and
+// a user who times one stage name from two threads expects both spans. So an open span belongs to
+// (thread, name): a thread's nested begin of a stage it has open is re-entry (the outer call
+// times it), another thread's begin is a span of its own, and each ended span adds its seconds
+// and one call to the stage. The device is synchronized outside the lock.
 void GenerationMeter::begin_stage(const std::string& name) {
-  DDO_CHECK(!finished_, Code::kFailedPrecondition, "begin_stage('", name,
-            "') after finish(): a meter measures one generation; make a new one");
-  StageFigures* stage = find_stage(name);
-  if (stage == nullptr) {
-    stages_.push_back(StageFigures{.name = name});
-    stage = &stages_.back();
+  const std::thread::id self = std::this_thread::get_id();
+  {
+    std::lock_guard<std::mutex> guard(stages_mu_);
+    DDO_CHECK(!finished_, Code::kFailedPrecondition, "begin_stage('", name,
+              "') after finish(): a meter measures one generation; make a new one");
+    (void)find_stage(name);
+    auto span = find_span(open_, self, name);
+    if (span != open_.end()) {
+      ++span->depth;  // re-entered: the outer call times it
+      return;
+    }
+    open_.push_back(OpenSpan{self, name, 1, std::chrono::steady_clock::now()});
   }
-  if (stage->depth++ > 0) return;  // re-entered: the outer call times it
   synchronize();
   read_memory_now();
-  stage->began = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> guard(stages_mu_);
+  auto span = find_span(open_, self, name);
+  if (span != open_.end()) span->began = std::chrono::steady_clock::now();
 }
 
 void GenerationMeter::end_stage(const std::string& name) {
-  StageFigures* stage = find_stage(name);
-  DDO_CHECK(stage != nullptr && stage->depth > 0, Code::kFailedPrecondition, "end_stage('", name,
-            "') without a begin_stage('", name, "') open");
-  if (--stage->depth > 0) return;
+  const std::thread::id self = std::this_thread::get_id();
+  std::chrono::steady_clock::time_point began;
+  {
+    std::lock_guard<std::mutex> guard(stages_mu_);
+    auto span = find_span(open_, self, name);
+    DDO_CHECK(span != open_.end(), Code::kFailedPrecondition, "end_stage('", name,
+              "') without a begin_stage('", name,
+              "') open on this thread (each thread ends the stages it began)");
+    if (--span->depth > 0) return;
+    began = span->began;
+    open_.erase(span);
+  }
   synchronize();
-  stage->seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - stage->began).count();
-  ++stage->calls;
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> guard(stages_mu_);
+    StageFigures* stage = find_stage(name);
+    stage->seconds += std::chrono::duration<double>(now - began).count();
+    ++stage->calls;
+  }
   read_memory_now();
 }
 
@@ -222,12 +259,21 @@ GenerationMeter::Stage GenerationMeter::stage(const std::string& name) {
 }
 
 nlohmann::json GenerationMeter::finish() {
-  if (finished_) return report_;
-  for (StageFigures& s : stages_) {
-    while (s.depth > 0) end_stage(s.name);
+  {
+    std::lock_guard<std::mutex> guard(stages_mu_);
+    if (finished_) return report_;
   }
   synchronize();
   read_memory_now();
+  std::lock_guard<std::mutex> guard(stages_mu_);
+  if (finished_) return report_;
+  const auto ended = std::chrono::steady_clock::now();
+  for (const OpenSpan& span : open_) {  // every thread's spans still open end here
+    StageFigures* stage = find_stage(span.name);
+    stage->seconds += std::chrono::duration<double>(ended - span.began).count();
+    ++stage->calls;
+  }
+  open_.clear();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   stop_.store(true);

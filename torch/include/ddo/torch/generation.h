@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -48,7 +49,10 @@ namespace ddo::adapter {
 
 class MemoryProbe;
 
-/// Meters one generation; see the file comment. Not thread-safe: one thread drives the stages.
+/// Meters one generation; see the file comment. Stages may be begun and ended from several
+/// threads at once: each thread's spans are its own (two threads timing one stage name both
+/// count, as two calls), and a thread ends only what it began. Adding and dropping offloads is for
+/// one thread.
 class GenerationMeter {
  public:
   /// Meters `offloads` (by component name; null for a component ddo does not place) on the
@@ -105,15 +109,20 @@ class GenerationMeter {
  private:
   struct StageFigures {
     std::string name;
-    double seconds = 0;
-    std::int64_t calls = 0;
-    int depth = 0;  // open begin_stage calls
+    double seconds = 0;      // SUM over ended spans
+    std::int64_t calls = 0;  // COUNT of ended spans
+  };
+  // One thread's open span of one stage.
+  struct OpenSpan {
+    std::thread::id thread;
+    std::string name;
+    int depth = 0;  // open begin_stage calls of this thread
     std::chrono::steady_clock::time_point began{};
   };
   void synchronize();
   void read_memory_now();
   void sample_loop();
-  StageFigures* find_stage(const std::string& name);
+  StageFigures* find_stage(const std::string& name);  // adds it when new; stages_mu_ held
 
   struct Metered {
     std::string name;
@@ -130,7 +139,9 @@ class GenerationMeter {
   std::shared_ptr<engine::Device> device_;
   std::string device_name_;
   std::unique_ptr<MemoryProbe> probe_;
-  std::vector<StageFigures> stages_;  // in the order they first began
+  std::mutex stages_mu_;
+  std::vector<StageFigures> stages_;  // LOCK: stages_mu_; in the order they first began
+  std::vector<OpenSpan> open_;        // LOCK: stages_mu_
   std::chrono::steady_clock::time_point started_;
   std::int64_t start_rss_bytes_ = -1;
   std::atomic<std::int64_t> peak_vram_bytes_{-1};
