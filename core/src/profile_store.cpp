@@ -1027,8 +1027,9 @@ fs::path ProfileStore::path_for(const ProfileIdentity& identity) const {
 }
 
 fs::path ProfileStore::path_for_key(std::string_view key) const {
-  DDO_CHECK(is_valid_profile_key(key), Code::kInvalidArgument, "profile key '", key,
-            "' is not 32 lower-case hex digits; copy it from `ddo profiles list`");
+  DDO_CHECK(is_valid_profile_key(key), Code::kInvalidArgument, "profile key '", key, "' is not '",
+            kProfileFilePrefix, "' followed by ", kProfileKeyHexDigits,
+            " lower-case hex digits; copy it from `ddo profiles list`");
   return options_.directory / profile_file_name(key);
 }
 

@@ -420,7 +420,7 @@ int run_demo(const DemoArgs& args) {
         args.calibrate
             ? "== ddo demo 1/2: calibration of profile '%s' (measure what fits, save it) ==\n"
             : "== ddo demo 2/2: reuse of profile '%s' (apply what calibration saved) ==\n",
-        args.profile.c_str());
+        core::printable_text(args.profile).c_str());  // a name is the user's text: never raw
   }
   std::vector<std::pair<std::string, double>> events;
   o.record_event = [&](const std::string& name, double seconds, const nlohmann::json&) {

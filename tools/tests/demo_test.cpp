@@ -118,4 +118,16 @@ TEST_F(DemoTest, QuantizeComputesTheLinearsFromQuantizedCopies) {
   EXPECT_NE(bad.output.find("int4"), std::string::npos) << bad.output;
 }
 
+// Guards against: the banner printed a profile name raw, so a newline or an ESC in it reached the
+// terminal (issue 47, item 11).
+TEST_F(DemoTest, TheBannerEscapesTheProfileName) {
+  Result run = run_ddo(env(),
+                       "demo --profile \"$(printf 'a\\nb\\033[31m')\" --device sim --size tiny "
+                       "--steps 1 --calibrate");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("calibration of profile 'a\\nb\\x1b[31m'"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find('\x1b'), std::string::npos) << run.output;
+}
+
 }  // namespace
