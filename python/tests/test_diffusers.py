@@ -9,6 +9,7 @@ import torch
 
 import ddo
 from conftest import STREAM_ALL
+from helpers import tiny_flux_inputs
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
@@ -20,15 +21,7 @@ def tiny_flux():
         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
         axes_dims_rope=[4, 4, 8],
     ).eval()
-    g = torch.Generator().manual_seed(2)
-    inputs = dict(
-        hidden_states=torch.randn(1, 16, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3),
-    )
+    inputs = tiny_flux_inputs()
     return model, lambda m: m(**inputs).sample
 
 

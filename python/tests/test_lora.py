@@ -14,6 +14,7 @@ from torch import nn
 
 import ddo
 from conftest import STREAM_ALL
+from helpers import tiny_flux_inputs
 
 diffusers = pytest.importorskip("diffusers")
 peft = pytest.importorskip("peft")
@@ -31,15 +32,7 @@ def flux():
 
 
 def inputs():
-    g = torch.Generator().manual_seed(2)
-    return dict(
-        hidden_states=torch.randn(1, 16, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.zeros(16, 3),
-        txt_ids=torch.zeros(8, 3),
-    )
+    return tiny_flux_inputs()
 
 
 def lora_state_dict(model, seed, rank=4):
