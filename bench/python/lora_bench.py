@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """LoRA under ddo: the step with adapters unfused and fused, the time to fuse and unfuse while
-attached, and a switch between two adapters (issue 45's benchmark).
+attached, and a switch between two adapters.
 
 W1-py's transformer (FLUX.1-dev dimensions, random bf16 weights, 4096 + 512 tokens) under ddo at
 one cap, in one process and one attach:

@@ -722,7 +722,7 @@ TEST(CalibrationRegionLockTest, ARegionInAnotherProcessOnTheSameGpuIsRefused) {
 
 #ifndef _WIN32
 // The calibration lock's name is fixed, in a folder every user can write: what another user can
-// leave there must never be followed, used or block silently (issue 47, item 10). POSIX only:
+// leave there must never be followed, used or block silently. POSIX only:
 // links, FIFOs and owners as tested here (scripts/windows-test.sh lists the exclusions).
 
 // Expects acquire() to refuse `device` with a message holding `words`.

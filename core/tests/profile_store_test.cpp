@@ -449,7 +449,7 @@ TEST_F(ProfileStoreTest, RemoveDeletesByIdentityOrKey) {
   EXPECT_TRUE(store.remove_by_key(profile_key(id_)).ok());
   EXPECT_EQ(store.remove_by_key(profile_key(id_)).code(), Code::kNotFound);
   EXPECT_THROW((void)store.path_for_key("../x"), Error);
-  // The message gives the key's real shape (issue 47: it said 32 digits where keys have 24).
+  // The message gives the key's real shape: 24 hex digits.
   try {
     (void)store.path_for_key("../x");
   } catch (const Error& e) {

@@ -1,4 +1,4 @@
-"""GenerationMeter from several threads and with wrong types (issue 47, item 7)."""
+"""GenerationMeter from several threads and with wrong types."""
 
 import threading
 

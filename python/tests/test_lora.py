@@ -302,7 +302,7 @@ def profiled_run(model, name, calibrate, cap_gb):
 
 def test_a_named_profile_calibrated_with_one_adapter_holds_the_cap_after_switching_to_a_larger(
         profile_dir):
-    # Issue 45: adapters are not part of a profile's identity (docs/design/0007-named-profiles.md),
+    # Adapters are not part of a profile's identity (docs/design/0007-named-profiles.md),
     # so one name serves a generation with adapter A (rank 4) and, after a switch, one with B
     # (rank 16, four times A's resident bytes). The profile's budget was measured with A resident
     # on top of it; B's extra bytes must come out of that budget, not out of the card.

@@ -118,8 +118,7 @@ TEST_F(DemoTest, QuantizeComputesTheLinearsFromQuantizedCopies) {
   EXPECT_NE(bad.output.find("int4"), std::string::npos) << bad.output;
 }
 
-// Guards against: the banner printed a profile name raw, so a newline or an ESC in it reached the
-// terminal (issue 47, item 11).
+// A profile name is printed escaped: a newline or an ESC in it never reaches the terminal.
 TEST_F(DemoTest, TheBannerEscapesTheProfileName) {
   Result run = run_ddo(env(),
                        "demo --profile \"$(printf 'a\\nb\\033[31m')\" --device sim --size tiny "

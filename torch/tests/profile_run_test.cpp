@@ -329,9 +329,8 @@ TEST(PipelineOffload, RoutesPerComponent) {
   EXPECT_TRUE(at::equal(dit.run(), dit.ref));
 }
 
-// Guards against: the shared device opened from settings without the overrides (issue 47, item
-// 8), so a sim_device_capacity_gb or vram_cap_gb override never reached it and
-// execution_mode=plan still opened one.
+// The shared device is opened from the settings with the overrides applied: a
+// sim_device_capacity_gb or vram_cap_gb override reaches it, and execution_mode=plan opens none.
 TEST(PipelineOffload, OverridesDecideTheSharedDevice) {
   Dit dit;
   auto vae = std::make_shared<torch::nn::LinearImpl>(16, 16);
