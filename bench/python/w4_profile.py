@@ -13,7 +13,12 @@ bf16 weights):
            step seconds and the output against bf16 (relative L2, cosine)
   kernels  one profiled step of each: GPU time per kernel category (bf16 GEMM, fp8 GEMM,
            activation quantization, attention, copies, the rest), kernel count, GPU-busy
-           seconds against the step's wall seconds (the gap is host time the GPU waited for)
+           seconds against the step's wall seconds (the gap is host time the GPU waited for),
+           and the host side: CPU microseconds per op (self and with children), top ops
+  host     host microseconds per call of one small Linear (32 rows, 512 x 512: the GPU's part
+           is a few microseconds, so calls queued without a sync measure the host): bf16
+           F.linear, the fp8 layer's forward, torch.ops.ddo.sdnq_linear called directly,
+           torch._scaled_mm alone, and the layer under enable_offload(quantize="fp8")
 
   python bench/python/w4_profile.py --family flux --out w4-profile-flux.json
   python bench/python/w4_profile.py --size tiny --device sim --out /tmp/p.json  # CPU smoke
@@ -123,6 +128,73 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     return rows
 
 
+def host_rows(cuda: bool, calls: int = 2000) -> dict:
+    """Host microseconds per call: ``calls`` calls queued, then one sync, divided."""
+    import torch
+    import ddo
+
+    dev = "cuda" if cuda else "cpu"
+    rows, feat = 32, 512
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(feat, feat).to(torch.bfloat16).to(dev)
+    x = torch.randn(rows, feat, device=dev, dtype=torch.bfloat16)
+    q = ddo.sdnq.quantize_linear(lin, "float8_e4m3fn", 0, quantized_matmul=True).to(dev)
+    out = {}
+
+    def per_call(fn) -> float:
+        with torch.no_grad():
+            for _ in range(50):
+                fn()
+            bc.sync(cuda)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                bc.sync(cuda)
+                best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        return best
+
+    out["bf16_linear_us"] = per_call(lambda: torch.nn.functional.linear(x, lin.weight, lin.bias))
+    out["bf16_module_us"] = per_call(lambda: lin(x))
+    out["fp8_module_us"] = per_call(lambda: q(x))
+    op = torch.ops.ddo.sdnq_linear
+    code = list(q.ddo_sdnq_layout)
+    out["fp8_op_us"] = per_call(lambda: op(x, q.weight, q.scale, None, None, None, q.bias, code))
+    if cuda:
+        xs = (x.float().abs().amax(1, keepdim=True) / 448.0).clamp_min(1e-12)
+        xq = (x.float() / xs).to(torch.float8_e4m3fn)
+        wq, ws = q.weight.t(), q.scale.reshape(1, -1).float()
+        out["scaled_mm_us"] = per_call(lambda: torch._scaled_mm(
+            xq, wq, xs, ws, bias=q.bias, out_dtype=torch.bfloat16, use_fast_accum=True))
+    # The placeholder path: the dense Linear under enable_offload(quantize="fp8"), resident.
+    lin2 = torch.nn.Linear(feat, feat).to(torch.bfloat16)
+    kwargs = dict(quantize="fp8", preset="one_shot_fast", profile_name=None)
+    if not cuda:
+        kwargs.update(execution_device="sim", sim_device_capacity_gb=bc.SIM_UNCAPPED_GB)
+    handle = ddo.enable_offload(lin2, **kwargs)
+    try:
+        out["fp8_offload_us"] = per_call(lambda: lin2(x))
+    finally:
+        handle.remove()
+    log("host us per call: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in out.items()))
+    return out
+
+
+def cpu_table(prof) -> dict:
+    """The host side of a profiled step: per op name, calls, self CPU us and CPU us with children."""
+    ops: dict = {}
+    for ev in prof.key_averages():
+        ops[ev.key] = dict(count=ev.count, self_cpu_us=ev.self_cpu_time_total,
+                           cpu_us=ev.cpu_time_total)
+    total_self = sum(v["self_cpu_us"] for v in ops.values())
+    top_self = sorted(ops.items(), key=lambda kv: -kv[1]["self_cpu_us"])[:20]
+    top_total = sorted(ops.items(), key=lambda kv: -kv[1]["cpu_us"])[:20]
+    return dict(self_cpu_ms=total_self / 1e3,
+                top_self=[dict(name=n[:160], **v) for n, v in top_self],
+                top_total=[dict(name=n[:160], **v) for n, v in top_total])
+
+
 def profile_step(model, inputs: dict, cuda: bool) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -158,7 +230,7 @@ def profile_step(model, inputs: dict, cuda: bool) -> dict:
         c["ms"] += us / 1e3
     busy = sum(c["ms"] for c in cats.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:25]
-    return dict(wall_s_profiled=wall, gpu_busy_ms=busy,
+    return dict(wall_s_profiled=wall, gpu_busy_ms=busy, cpu=cpu_table(prof),
                 kernel_count=sum(c["count"] for c in cats.values()),
                 categories={k: dict(v, share=v["ms"] / busy if busy else 0.0) for k, v in cats.items()},
                 top=[dict(name=n[:160], count=c, ms=us / 1e3, category=category(n))
@@ -172,6 +244,14 @@ def print_profile(label: str, p: dict) -> None:
         log(f"  {cat:14s} {v['ms']:9.2f} ms {100 * v['share']:5.1f} %  ({v['count']} kernels)")
     for t in p["top"][:12]:
         log(f"    {t['ms']:8.2f} ms x{t['count']:<5d} [{t['category']}] {t['name'][:110]}")
+    cpu = p["cpu"]
+    log(f"  host: {cpu['self_cpu_ms']:.1f} ms self CPU in ops; top by self, then with children")
+    for t in cpu["top_self"][:15]:
+        log(f"    cpu self {t['self_cpu_us'] / 1e3:8.2f} ms x{t['count']:<5d} "
+            f"({t['self_cpu_us'] / max(t['count'], 1):6.1f} us/call) {t['name'][:90]}")
+    for t in cpu["top_total"][:15]:
+        log(f"    cpu total {t['cpu_us'] / 1e3:8.2f} ms x{t['count']:<5d} "
+            f"({t['cpu_us'] / max(t['count'], 1):6.1f} us/call) {t['name'][:90]}")
 
 
 def main(argv=None) -> int:
@@ -181,6 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--device", default="cuda")
     p.add_argument("--skip-gemm", action="store_true")
+    p.add_argument("--skip-host", action="store_true")
     p.add_argument("--out", default="w4-profile.json")
     p.add_argument("--commit")
     args = p.parse_args(argv)
@@ -212,6 +293,9 @@ def main(argv=None) -> int:
     if args.size != "full":
         shapes = [(512, 512), (2048, 512)]
     result["tokens"] = tokens
+    if not args.skip_host:
+        result["host"] = host_rows(cuda)
+        save()
     if not args.skip_gemm:
         result["gemm"] = gemm_rows(cuda, tokens, shapes)
         save()
