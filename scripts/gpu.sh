@@ -15,6 +15,7 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testw4     # build, GPU tests, W4 (quantized compute, $OUT/w4.json)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testprofile  # build, GPU tests, W4's kernel table
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh lora         # build, the LoRA benchmark ($OUT/lora.json)
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh profilelora  # build, the kernel table, then the LoRA benchmark
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan,
 #       DDO_W6_CAPS 8,16, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
 #       diffusers-group-leaf; DDO_W6_NO_RESIDENT=1 skips the reference row; rows are saved as
@@ -454,6 +455,7 @@ case "$MODE" in
   w6) build && w6 ;;
   profile) build && profile ;;
   lora) build && lora ;;
+  profilelora) build && { profile; lora; } ;;
   testprofile) build && { DDO_GPU_TESTS_ONLY=1 DDO_SKIP_PYTEST=1 run_tests; profile; } ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;
