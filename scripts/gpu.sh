@@ -435,6 +435,28 @@ cards() {
     cat "$jlog" >>"$LOG"
   fi
   rm -f "$jlog"
+  # ddo's kernels built for other lists than this card's cubin, torch untouched (its wheel has
+  # PTX for its newest architecture only, so CUDA_FORCE_PTX_JIT above also JIT-compiles torch):
+  # PTX only (90-virtual: the driver compiles ddo's PTX for this card), and no image for this
+  # card (80-real: the reference path, the image tests skipping with the reason and
+  # DequantizeKernelStatus.ThePathFollowsTheBuiltArchitectures checking the path).
+  local arch vbuild
+  for arch in $(echo "${DDO_CARDS_ARCHS:-90-virtual,80-real}" | tr ',' ' '); do
+    vbuild="$BUILD-arch-$arch"
+    timeout 120 cmake -S "$ROOT" -B "$vbuild" -G Ninja -DCMAKE_BUILD_TYPE="${DDO_BUILD_TYPE:-Release}" \
+      -DCMAKE_PREFIX_PATH="$PREFIX" "${EXTRA[@]}" -DDDO_BUILD_PYTHON=OFF \
+      -DPython3_EXECUTABLE="$(command -v "$PY")" -DPython_EXECUTABLE="$(command -v "$PY")" \
+      -DDDO_CUDA_ARCHITECTURES="$arch" >>"$LOG" 2>&1 &&
+      timeout 300 cmake --build "$vbuild" -j "$JOBS" --target ddo_sdnq_gpu_tests >>"$LOG" 2>&1
+    if [ $? -ne 0 ]; then say "FAIL: build of ddo_sdnq_gpu_tests for $arch (log.txt)"; continue; fi
+    jlog="$OUT/.arch-$arch.txt"
+    (cd "$vbuild" && timeout 200 ./sdnq/ddo_sdnq_gpu_tests --gtest_brief=0) >"$jlog" 2>&1
+    say "ddo_sdnq_gpu_tests built for $arch rc=$?: $(grep -E '^\[  PASSED|^\[  SKIPPED|^\[  FAILED' "$jlog" | tr '\n' ' ')"
+    grep -m1 -E "runs the reference path on this card" "$jlog" | sed 's/^/  skip reason: /' | tee -a "$SUMMARY"
+    grep -E "^\[  FAILED" "$jlog" | head -10 | tee -a "$SUMMARY"
+    cat "$jlog" >>"$LOG"
+    rm -f "$jlog"
+  done
 }
 
 case "$MODE" in
@@ -466,8 +488,9 @@ case "$MODE" in
   everything) build && { run_tests; micro; w1; py; } ;;
   diag) build && { run_tests; w1; py; } ;;
   testpy) build && { run_tests; py; } ;;
+  cards) build && cards ;;
   pydiag) build && install_wheels && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" bash "$ROOT/scripts/gpu-pydiag.sh" link >>"$LOG" 2>&1 ;;
-  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|testmicro|micro|w1|bench|py|w2|sdnq|load|testload]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu.sh [all|everything|diag|testpy|pydiag|build|test|testmicro|micro|w1|bench|py|w2|sdnq|load|testload|cards|w4|testw4|w6|profile|testprofile|lora|profilelora|jit|pipcheck|testpip]" >&2; exit 2 ;;
 esac
 rc=$?
 say "done rc=$rc"

@@ -8,18 +8,13 @@
 
 #include "ddo/sdnq/dequantize.h"
 #include "ddo/sdnq/kernel_status.h"
+#include "gpu_kernel_test_util.h"
 #include "ddo/sdnq/quantize.h"
 
 namespace ddo::sdnq {
 namespace {
 
-bool have_gpu() {
-#if DDO_HAVE_CUDA
-  return at::cuda::is_available();
-#else
-  return false;
-#endif
-}
+using testing::have_gpu;
 
 struct KCase {
   QuantType type;
@@ -51,7 +46,7 @@ const KCase kKernelCases[] = {
 class DequantizeKernel : public ::testing::TestWithParam<KCase> {};
 
 TEST_P(DequantizeKernel, BitEqualToTheReferenceOnTheSameDevice) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";
+  DDO_REQUIRE_KERNEL_IMAGE();
   const KCase c = GetParam();
   at::manual_seed(3);
   const at::Tensor dense = at::randn({c.out, c.in}, at::kFloat).to(c.result);
@@ -99,11 +94,8 @@ TEST(DequantizeKernelSvd, SvdFactorsAddedInTheResultDtype) {
 // DDO_KERNELS=reference (set_kernel_mode here) gives what the kernel gives, bit for bit, through
 // the one entry point: the fallback a device without code takes changes nothing but the speed.
 TEST(DequantizeKernelStatus, ForcedReferenceEqualsTheKernelBitForBit) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";
+  DDO_REQUIRE_KERNEL_IMAGE();
   const int device = at::cuda::current_device();
-  const KernelStatus status = dequantize_kernel_status(device);
-  // The default architecture list covers every card torch runs on (Note [Architecture list]).
-  ASSERT_EQ(status.path, KernelPath::kKernel) << status.reason;
   at::manual_seed(5);
   for (const QuantType type : {QuantType::kInt8, QuantType::kUint4, QuantType::kFloat8E4M3}) {
     QuantizeOptions opt;
@@ -123,6 +115,41 @@ TEST(DequantizeKernelStatus, ForcedReferenceEqualsTheKernelBitForBit) {
     set_kernel_mode(core::KernelMode::kAuto);
     EXPECT_TRUE(at::equal(by_kernel, by_reference)) << to_string(type);
   }
+}
+
+// The path on this card is the one the built architecture list implies: the kernel where the list
+// has this card's cubin or PTX of an architecture not newer than it (the driver compiles it),
+// else the reference with a reason that names the architecture. The other kernel tests skip in
+// the second case; this one checks it.
+TEST(DequantizeKernelStatus, ThePathFollowsTheBuiltArchitectures) {
+  DDO_REQUIRE_GPU();
+  const int capability = testing::current_capability();
+  const KernelStatus status = dequantize_kernel_status(at::cuda::current_device());
+  const bool expect_kernel = testing::built_list_runs_on(built_cuda_architectures(), capability);
+  EXPECT_EQ(status.path == KernelPath::kKernel, expect_kernel)
+      << "built for " << built_cuda_architectures() << ", card sm_" << capability << ": "
+      << status.reason;
+  if (!expect_kernel) {
+    EXPECT_NE(status.reason.find("sm_" + std::to_string(capability)), std::string::npos)
+        << status.reason;
+    // The reference path gives the results: one layer through the public entry point.
+    QuantizeOptions opt;
+    opt.type = QuantType::kInt8;
+    auto [w, layout] = quantize(at::randn({64, 128}).to(at::kBFloat16), opt);
+    QuantizedWeight g{w.weight.cuda(), w.scale.cuda(), {}, {}, {}};
+    EXPECT_TRUE(at::equal(dequantize(g, layout).cpu(), dequantize_reference(w, layout)));
+  }
+}
+
+TEST(BuiltArchitectureList, NamesTheCodeACardRuns) {
+  EXPECT_TRUE(testing::built_list_runs_on("80-real,90-real", 90));
+  EXPECT_FALSE(testing::built_list_runs_on("80-real", 90));
+  EXPECT_TRUE(testing::built_list_runs_on("90-virtual", 90));
+  EXPECT_TRUE(testing::built_list_runs_on("80-virtual", 90));  // PTX JIT-compiled upward
+  EXPECT_FALSE(testing::built_list_runs_on("100-virtual", 90));
+  EXPECT_TRUE(testing::built_list_runs_on("75-real;120-real;120-virtual", 120));
+  EXPECT_TRUE(testing::built_list_runs_on("86", 89));  // a bare number: real and virtual
+  EXPECT_FALSE(testing::built_list_runs_on("", 90));
 }
 
 }  // namespace

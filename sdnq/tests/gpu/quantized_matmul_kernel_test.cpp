@@ -9,19 +9,14 @@
 
 #include "ddo/sdnq/dequantize.h"
 #include "ddo/sdnq/kernel_status.h"
+#include "gpu_kernel_test_util.h"
 #include "ddo/sdnq/quantize.h"
 #include "ddo/sdnq/quantized_matmul.h"
 
 namespace ddo::sdnq {
 namespace {
 
-bool have_gpu() {
-#if DDO_HAVE_CUDA
-  return at::cuda::is_available();
-#else
-  return false;
-#endif
-}
+using testing::have_gpu;
 
 double relative_l2(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor af = a.to(at::kCPU).to(at::kFloat);
@@ -30,8 +25,7 @@ double relative_l2(const at::Tensor& a, const at::Tensor& b) {
 }
 
 TEST(QuantizeRowsKernel, EqualsTheReferenceBitForBit) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU: GPU test skipped";
-  ASSERT_EQ(dequantize_kernel_status(at::cuda::current_device()).path, KernelPath::kKernel);
+  DDO_REQUIRE_KERNEL_IMAGE();
   at::manual_seed(11);
   for (const c10::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
     // Rows read in one pass of 16-byte vectors (3072; 15360, the widest of FLUX's inputs: 8
