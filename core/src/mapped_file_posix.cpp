@@ -91,10 +91,18 @@ Status MappedFile::create_temporary(const std::filesystem::path& dir, std::uint6
                               dir.string(), std::strerror(errno)));
   }
   ::unlink(name.c_str());  // gone with the last mapping, even if the process dies
-  if (::ftruncate(fd.fd, static_cast<off_t>(bytes)) != 0) {
-    return Status(Code::kUnavailable, fmt::format("cannot size a temporary file in '{}' to {} "
-                                                  "bytes: {}",
-                                                  dir.string(), bytes, std::strerror(errno)));
+  // Note [A spill file is allocated first]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A file sized by ftruncate is sparse: the filesystem finds its blocks at the first write
+  // through the mapping, and on a full disk that write is a SIGBUS, with no error to return.
+  // posix_fallocate reserves every block here instead (glibc writes zeros where the filesystem
+  // cannot reserve), so a full disk is a status naming the directory and the bytes.
+  if (const int err = ::posix_fallocate(fd.fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    const bool full = err == ENOSPC || err == EFBIG || err == EDQUOT;
+    return Status(full ? Code::kResourceExhausted : Code::kUnavailable,
+                  fmt::format("cannot allocate a temporary file of {} bytes in '{}': {}; set "
+                              "TMPDIR to a directory on a disk with that much free space",
+                              bytes, dir.string(), std::strerror(err)));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
   if (p == MAP_FAILED) {

@@ -2,7 +2,9 @@
 // under Wine like the rest of core.
 #include "ddo/core/mapped_file.h"
 
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#ifndef _WIN32
+#include <sys/resource.h>
+#endif
 
 #include "ddo/core/os_memory.h"
 #include "test_files.h"
@@ -109,6 +115,48 @@ TEST_F(MappedFileTest, TemporaryMappingInAMissingDirectoryIsAnErrorNamingIt) {
   EXPECT_NE(s.message().find("not-there"), std::string::npos) << s.message();
   EXPECT_EQ(MappedFile::create_temporary(dir_, 0, &spill).code(), Code::kInvalidArgument);
 }
+
+#ifndef _WIN32
+// A spill file larger than its filesystem's free space is an error at creation, never a fault at
+// a later write (Note [A spill file is allocated first]). RLIMIT_FSIZE stands in for a full disk
+// (posix_fallocate answers EFBIG past it), with SIGXFSZ ignored so the limit is an error.
+TEST_F(MappedFileTest, TemporaryMappingLargerThanTheRoomIsAnErrorNotAFault) {
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  MappedFile spill;
+  const Status s = MappedFile::create_temporary(dir_, 8u << 20, &spill);
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.message();
+  EXPECT_NE(s.message().find(dir_.string()), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("8388608 bytes"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("TMPDIR"), std::string::npos) << s.message();
+  EXPECT_FALSE(spill.mapped());
+  EXPECT_EQ(files_in_dir(), 0u);
+}
+
+TEST_F(MappedFileTest, TemporaryDirectoryNamesTmpdirWhenItIsNotADirectory) {
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  const std::string bad = (dir_ / "no-such-dir").string();
+  ::setenv("TMPDIR", bad.c_str(), 1);
+  std::filesystem::path dir;
+  const Status s = MappedFile::temporary_directory(&dir);
+  if (old != nullptr) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_NE(s.message().find("TMPDIR='" + bad + "'"), std::string::npos) << s.message();
+  ASSERT_TRUE(MappedFile::temporary_directory(&dir).ok());
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+}
+#endif
 
 }  // namespace
 }  // namespace ddo::core

@@ -581,8 +581,9 @@ std::shared_ptr<DiskBacking> map_disk_tensors(OffloadState& s, const std::vector
     }
   }
   if (spill_bytes > 0) {
-    throw_if_error(core::MappedFile::create_temporary(std::filesystem::temp_directory_path(),
-                                                      spill_bytes, &backing->spill));
+    std::filesystem::path tmp;
+    throw_if_error(core::MappedFile::temporary_directory(&tmp));
+    throw_if_error(core::MappedFile::create_temporary(tmp, spill_bytes, &backing->spill));
     throw_if_error(s.weights->read_unit(spill_reads, backing->spill.data()));
     backing->spill.drop_pages(0, spill_bytes);
     for (const auto& [ui, k, offset] : spilled) (*data)[ui][k] = backing->spill.data() + offset;

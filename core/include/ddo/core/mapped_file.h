@@ -60,9 +60,16 @@ class MappedFile {
   static Status map_private(const std::string& path, MappedFile* out);
 
   /// A new temporary file of `bytes` (> 0) in the directory `dir`, mapped read-write; the file is
-  /// deleted with the mapping. kUnavailable naming `dir` when it cannot be created there.
+  /// deleted with the mapping. Its blocks are allocated before it is mapped, so a full disk is
+  /// this error and never a fault at a later write (Note [A spill file is allocated first]).
+  /// kUnavailable naming `dir` when it cannot be created there; kResourceExhausted naming `dir`
+  /// and the bytes when the disk has no room for it.
   static Status create_temporary(const std::filesystem::path& dir, std::uint64_t bytes,
                                  MappedFile* out);
+
+  /// The directory temporary files go to (TMPDIR on POSIX, TMP/TEMP on Windows, else the
+  /// system's). kUnavailable naming the variable and its value when it is not a directory.
+  static Status temporary_directory(std::filesystem::path* out);
 
   char* data() const { return data_; }              ///< the first byte; null when empty
   std::uint64_t size() const { return size_; }      ///< bytes mapped (the file's size)
