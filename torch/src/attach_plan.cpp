@@ -705,6 +705,7 @@ void repoint_managed(ReplacedTensor& r, const std::shared_ptr<StreamRuntime>& rt
   ManagedWeight* record = managed_of(managed);
   if (r.handle.requires_grad()) {
     r.handle.set_requires_grad(false);
+    r.frozen_by_attach = true;
     if (r.trainable) {
       record->trainable_index = static_cast<int>(rt->trainable_names.size());
       rt->trainable_names.push_back(r.name);
@@ -911,6 +912,7 @@ void finish_attach(OffloadState& s) {
     }
     if (r.handle.requires_grad() && managed_of(target) != nullptr) {
       r.handle.set_requires_grad(false);
+      r.frozen_by_attach = true;
     }
   }
 }

@@ -198,8 +198,8 @@ void OffloadState::restore(bool keep_weight_cache, bool setup_failed, bool keep_
   for (std::size_t i = 0; i < replaced.size(); ++i) {
     ReplacedTensor& r = replaced[i];
     r.handle.set_data(restored[i]);
-    if (r.handle.is_leaf() && r.handle.requires_grad() != r.requires_grad) {
-      r.handle.set_requires_grad(r.requires_grad);
+    if (r.frozen_by_attach && r.handle.is_leaf() && !r.handle.requires_grad()) {
+      r.handle.set_requires_grad(true);
     }
   }
   if (entry) {

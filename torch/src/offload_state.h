@@ -30,6 +30,10 @@ struct ReplacedTensor {
   std::vector<int64_t> strides;
   c10::Device original_device = c10::Device(c10::kCPU);
   bool requires_grad = false;
+  // ddo set requires_grad=false on it (a streamed weight, Note [Training under offload]):
+  // remove() gives the flag back only then, and only while it still reads false, so a flag the
+  // host set while attached stays as the host set it.
+  bool frozen_by_attach = false;
   // Requires grad in a model whose host froze other parameters: a weight the host may train, so
   // a streamed one refuses ops that run with autograd (Note [Training under offload]).
   bool trainable = false;
