@@ -1,4 +1,4 @@
-// CopyScheduler with disk-tier units (add_from_reader; Note [Disk tier] in copy_scheduler.cpp).
+// CopyScheduler with disk-tier units (add_from_reader; Note [Disk tier] in disk_tier_reader.cpp).
 // The readers here copy from an in-memory "file" after an optional delay and count what they do:
 // how often each unit is read, on which thread, how many reads run at once, and the bytes read.
 // Every acquire's staged bytes are read back with copy_to_host and compared with the unit's

@@ -1,9 +1,9 @@
 """The disk tier: with a host RAM cap below the streamed weights, the loader leaves part
 of the model in its safetensors files and the copy scheduler reads those units every step into a
-pinned ring, ahead of the device copies (Note [Disk tier] in engine/src/copy_scheduler.cpp). On the
-sim device: the same outputs as the library's own load, the report says which bytes come from
-disk, remove() gives the host a complete model, and a load's peak RSS stays near the cap instead
-of the model."""
+pinned ring, ahead of the device copies (Note [Disk tier] in engine/src/disk_tier_reader.cpp).
+On the sim device: the same outputs as the library's own load, the report says which bytes come
+from disk, remove() gives the host a complete model, and a load's peak RSS stays near the cap
+instead of the model."""
 
 import os
 import subprocess

@@ -38,7 +38,7 @@ class WeightSource {
 
   // Reads `reads` on the configured workers; reports progress through `events` ("load").
   void read(const std::vector<Read>& reads, const RecordEvent& events);
-  // One disk-tier unit's tensors (Note [Disk tier] in copy_scheduler.cpp): read `reads` (their
+  // One disk-tier unit's tensors (Note [Disk tier] in disk_tier_reader.cpp): read `reads` (their
   // `dst` are offsets from `base`) into `base`, converting dtypes where the file differs. Called on
   // the copy scheduler's reader threads every step: thread-safe, no progress events, no counters.
   Status read_unit(const std::vector<Read>& reads, char* base) const;

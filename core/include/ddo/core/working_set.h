@@ -17,7 +17,7 @@
 /// Note [Working set]
 /// The scheduler prefetches a window of bytes ahead of the op that runs into a ring over a fixed
 /// staging area, and the ring needs two of the largest unit beside the window (the unit in use and
-/// the one landing; copy_scheduler.cpp, Note [Staging ring]). So staging = window + 2 x largest
+/// the one landing; staging_ring.cpp, Note [Staging ring]). So staging = window + 2 x largest
 /// unit, and the smallest working set that streams at all is window = one unit: 3 x largest unit.
 /// The window defaults to 512 MiB (enough to hide a block's copy behind the block before it on PCIe
 /// 4 and 5 cards), never more than what is streamed, and, when the device memory left after

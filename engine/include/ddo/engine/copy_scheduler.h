@@ -30,7 +30,7 @@
 /// ```
 ///
 /// A read that has not landed when the prefetch reaches its unit stops the prefetch there (trace
-/// order is kept); the acquire then waits for it. See Note [Disk tier] in copy_scheduler.cpp.
+/// order is kept); the acquire then waits for it. See Note [Disk tier] in disk_tier_reader.cpp.
 #pragma once
 
 #include <cstddef>
