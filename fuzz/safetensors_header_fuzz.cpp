@@ -1,10 +1,10 @@
 // Fuzz target: a safetensors header as parse_safetensors_header reads it from a checkpoint
 // (checkpoint.h), with 4 KiB of data after it. The header is untrusted: it decides where the
-// reader reads and how much memory is filled (Note [Checkpoint validation] in checkpoint.cpp).
-// Invariants beyond "no crash": an error is kDataLoss and names the file; a header that passes
-// describes only in-file, non-overlapping byte ranges that match each tensor's shape and dtype,
-// sorted by offset, under unique non-empty names. The same input is parsed again under tight
-// limits, which may only refuse more.
+// reader reads and how much memory is filled (Note [Checkpoint validation] in
+// safetensors_header.cpp). Invariants beyond "no crash": an error is kDataLoss and names the file;
+// a header that passes describes only in-file, non-overlapping byte ranges that match each tensor's
+// shape and dtype, sorted by offset, under unique non-empty names. The same input is parsed again
+// under tight limits, which may only refuse more.
 #include <cstddef>
 #include <cstdint>
 #include <limits>

@@ -331,9 +331,9 @@ def test_peak_rss_follows_the_cap_not_the_model(tmp_path):
 
 @torch.no_grad()
 def test_a_shard_written_in_place_while_attached_is_an_error(flux_dir, tmp_path):
-    # Note [A shard changed under the disk tier] in core/src/checkpoint.cpp: the disk tier reads
-    # its units from the files every step; a shard overwritten in place at the same size would
-    # change the output silently, so the next read of it is an error naming the file.
+    # Note [A shard changed under the disk tier] in core/src/checkpoint_reader.cpp: the disk
+    # tier reads its units from the files every step; a shard overwritten in place at the same
+    # size would change the output silently, so the next read of it is an error naming the file.
     import shutil
     source, streamed = flux_dir
     path = tmp_path / "flux"

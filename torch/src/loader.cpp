@@ -305,8 +305,8 @@ Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const
   // Note [Disk unit reads]: one pread at a time reaches about 0.8 of an NVMe drive's sequential
   // bandwidth, with the scheduler's two reader threads each reading one unit; the drive needs
   // more requests in flight, and a steady number of them. So a unit's tensors go through the
-  // reader's shared queue (Note [Read queue] in checkpoint.cpp) in 16 MiB pieces, on half the
-  // load's workers: the next unit's pieces follow the current one's tail, and the depth is the
+  // reader's shared queue (Note [Read queue] in checkpoint_reader.cpp) in 16 MiB pieces, on half
+  // the load's workers: the next unit's pieces follow the current one's tail, and the depth is the
   // same whether one unit or two are being read. Each piece is dropped from the page cache once
   // read: these bytes are read again every step precisely because host RAM is not to hold them,
   // and cached they would take the RAM the budget leaves to the rest of the host (and make a

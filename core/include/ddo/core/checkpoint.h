@@ -7,8 +7,8 @@
 /// `__metadata__` object of strings, then the data. A directory holds either one
 /// `*.safetensors` file or shards listed by a `*.safetensors.index.json` (`weight_map`: tensor
 /// name -> shard file). Everything a file says is checked against the file itself (Note
-/// [Checkpoint validation] in checkpoint.cpp) so a lying header is an error that names the file
-/// and the tensor, never a read out of range.
+/// [Checkpoint validation] in safetensors_header.cpp) so a lying header is an error that names the
+/// file and the tensor, never a read out of range.
 ///
 /// ```
 /// ddo::core::Checkpoint ckpt;
