@@ -284,6 +284,23 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag, cap in (("--vram-cap", args.vram_cap), ("--host-ram-cap", args.host_ram_cap)):
         if cap is not None and cap <= 0:
             p.error(f"{flag} {cap}: GiB must be positive; leave it out for no cap")
+    if args.size is not None and not args.random:
+        p.error(f"--size {args.size} sizes the folder --random writes; --model's folder has its "
+                f"own size: leave --size out")
+    if args.random and args.size is None:
+        args.size = "tiny"
+    if args.offload != "ddo":
+        # The others run without ddo: its options would be ignored, so they are refused.
+        route = "--no-ddo" if args.offload == "resident" else f"--offload {args.offload}"
+        for flag, given in (("--quantize", args.quantize), ("--profile-name", args.profile_name),
+                            ("--calibrate", args.calibrate), ("--stream-all", args.stream_all),
+                            ("--host-ram-cap", args.host_ram_cap)):
+            if given:
+                p.error(f"{flag} is a ddo option and {route} runs without ddo; leave {flag} out "
+                        f"or use --offload ddo")
+        if args.offload == "resident" and args.vram_cap is not None:
+            p.error(f"--vram-cap caps ddo or the other offloads; {route} keeps everything "
+                    f"resident: leave --vram-cap out")
     if args.calibrate and not args.profile_name:
         p.error("--calibrate measures and saves a named profile: pass --profile-name NAME with "
                 "it")
@@ -435,7 +452,7 @@ def token_ids(folder: str, sub: str, prompt: str, length: int, vocab: int) -> to
 def encode(st: Stages, family: str, prompt: str) -> dict[str, torch.Tensor]:
     """Stage 1: the pipeline's prompt embeddings, each encoder loaded, run and released."""
     out: dict[str, torch.Tensor] = {}
-    tiny = st.args.size == "tiny"
+    tiny = st.args.random and st.args.size == "tiny"  # a real folder gets full prompts
     with st.stage("encode") as offloads:
         for sub, cls in FAMILIES[family][2]:
             encoder, offload = st.load(sub, cls)
@@ -558,7 +575,8 @@ def parse(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--family", choices=sorted(FAMILIES),
                    help="the pipeline --random writes (default flux); an existing folder's "
                         "model_index.json decides, and a --family against it is refused")
-    p.add_argument("--size", choices=("tiny", "full"), default="tiny", help="with --random")
+    p.add_argument("--size", choices=("tiny", "full"),
+                   help="with --random: the folder's size (default tiny)")
     p.add_argument("--device", choices=("cuda", "sim"),
                    default="cuda" if torch.cuda.is_available() else "sim")
     p.add_argument("--prompt", default="a lighthouse on a cliff at dusk")

@@ -130,6 +130,14 @@ REFUSED = [
                                                        "image and Wan writes 21 frames"),
     (["--report", "{tmp}"], "--report {tmp}: a folder; pass a file path"),
     (["--report", "{tmp}/missing/r.json"], "--report {tmp}/missing/r.json: the folder"),
+    # ddo's options on a route without ddo would be ignored: refused instead.
+    (["--no-ddo", "--quantize", "fp8"], "--quantize is a ddo option and --no-ddo runs without "
+                                        "ddo; leave --quantize out or use --offload ddo"),
+    (["--no-ddo", "--profile-name", "x"], "--profile-name is a ddo option and --no-ddo"),
+    (["--no-ddo", "--stream-all"], "--stream-all is a ddo option and --no-ddo"),
+    (["--no-ddo", "--host-ram-cap", "4"], "--host-ram-cap is a ddo option and --no-ddo"),
+    (["--no-ddo", "--vram-cap", "8"], "--vram-cap caps ddo or the other offloads; --no-ddo keeps "
+                                      "everything resident"),
 ]
 
 
@@ -181,6 +189,13 @@ def test_a_folder_that_is_no_flux_or_wan_pipeline_or_not_the_family_given_is_ref
                             "--output", str(tmp_path / "out.webp")])
     assert message.format(folder=folder) in err, err
     assert sorted(os.listdir(folder)) == before and not (tmp_path / "out.webp").exists()
+
+
+def test_size_is_refused_with_a_model_folder(tmp_path, capsys):
+    # --size sizes the folder --random writes; with --model it would be ignored.
+    folder = _folder(tmp_path, '{"_class_name": "FluxPipeline"}')
+    err = _refused(capsys, ["--model", folder, "--device", "sim", "--size", "full"])
+    assert "--size full sizes the folder --random writes; --model's folder has its own size" in err
 
 
 def test_a_missing_model_folder_is_refused_by_name(tmp_path, capsys):
