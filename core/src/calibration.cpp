@@ -370,7 +370,7 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
       normalize_calibration_device(config.execution_device);
   // diffusers-dynamic-offloader keys a profile by its execution mode too: a dense calibration says
   // nothing about an SDNQ run of the same name (Note [diffusers-dynamic-offloader's files] in
-  // profile_store.cpp).
+  // profile_schema.cpp).
   p.identity = ProfileIdentity{name, std::string(model_class), to_string(config.execution_mode)};
   p.record_path = store.path_for(p.identity);
   p.device = normalized.value_or(config.execution_device);

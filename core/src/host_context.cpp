@@ -19,7 +19,7 @@ Status data_loss(std::string message) {
 
 // A caller's context is nested at most kMaxJsonDepth deep: copying, comparing and dumping a JSON
 // value recurse once per level, and a context 100,000 levels deep overflowed the stack (Note
-// [Bounded JSON] in profile_store.cpp). The check comes before the recursion into a level, so
+// [Bounded JSON] in profile_files.cpp). The check comes before the recursion into a level, so
 // the walk itself stays within the bound.
 json normalize_at(const json& value, const std::string& where, int depth = 0) {
   if ((value.is_array() || value.is_object()) && depth >= kMaxJsonDepth) {

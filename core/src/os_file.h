@@ -1,5 +1,5 @@
 // The operating system's file and process calls that the durable-file helpers of
-// profile_store.cpp need, one function per step: POSIX in os_file_posix.cpp, Win32 in
+// profile_files.cpp need, one function per step: POSIX in os_file_posix.cpp, Win32 in
 // os_file_win32.cpp (internal to ddo_core). The helpers above them (write_file_atomic,
 // read_text_file, keep_invalid_file, remove_stale_temp_files, FileLock) and their messages are
 // written once.

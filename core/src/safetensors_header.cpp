@@ -88,7 +88,7 @@ int tensor_dtype_bytes(TensorDtype dtype) {
 //  * Size of the text: the header length is at most CheckpointLimits::max_header_bytes (the
 //    100 MiB safetensors itself allows) and lies inside the file, checked before it is read.
 //  * Nesting: measured by a linear scan (json_nesting_depth, Note [Bounded JSON] in
-//    profile_store.cpp) before nlohmann builds a document, so "[[[[..." a megabyte long is an
+//    profile_files.cpp) before nlohmann builds a document, so "[[[[..." a megabyte long is an
 //    error instead of a document whose recursive copy or destruction overflows the stack. The
 //    parse itself reports duplicate keys: two entries for one tensor name would let two readers
 //    of the same file disagree on where its bytes are.

@@ -63,7 +63,7 @@ inline constexpr std::size_t kProfileKeyHexDigits = 24;  ///< hex digits of SHA-
 
 /// Input bounds. A profile ddo writes is a few KB and nested 4 levels deep; the bounds leave two
 /// orders of magnitude of room and stop hostile or corrupt files long before they cost memory or
-/// stack (Note [Bounded JSON] in profile_store.cpp).
+/// stack (Note [Bounded JSON] in profile_files.cpp).
 inline constexpr int kMaxJsonDepth = 64;
 inline constexpr std::size_t kMaxProfileFileBytes = std::size_t{4} << 20;  ///< 4 MiB
 /// GiB figures in a profile (budgets, peaks, totals, headroom): 0 to 1 PiB. The upper bound is
