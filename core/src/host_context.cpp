@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ddo/core/calibration.h"
+#include "observation_history.h"
 
 namespace ddo::core {
 namespace fs = std::filesystem;
@@ -269,13 +270,7 @@ Status HostContextStore::record_observation(const json& context, const json& obs
       record.context_key = key;
     }
     record.updated_at = utc_now_iso8601();
-    update_limits_from_observation(record.capacity, stored);
-    record.observations.push_back(stored);
-    if (record.observations.size() > kMaxContextObservations) {
-      record.observations.erase(
-          record.observations.begin(),
-          record.observations.end() - static_cast<std::ptrdiff_t>(kMaxContextObservations));
-    }
+    internal::append_observation(stored, stored, &record.capacity, &record.observations);
     if (stored_recommendation) record.recommendation = *stored_recommendation;
     *next = record.to_json().dump(2) + "\n";
     return Status::ok_status();

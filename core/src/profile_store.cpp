@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "observation_history.h"
 #include "os_file.h"
 #include "profile_store_internal.h"
 
@@ -127,13 +128,9 @@ Status ProfileStore::save(const ProfileIdentity& identity, const ProfileObservat
     if (stored.recorded_at.empty()) stored.recorded_at = record.updated_at;
     // The library's generic rule over the observation as written: {"status", "capacity":
     // {"metric": "resident_budget_gb", ...}}.
-    update_limits_from_observation(record.capacity, stored.to_json());
-    record.observations.push_back(std::move(stored));
-    if (record.observations.size() > kMaxProfileObservations) {
-      record.observations.erase(
-          record.observations.begin(),
-          record.observations.end() - static_cast<std::ptrdiff_t>(kMaxProfileObservations));
-    }
+    const json written = stored.to_json();
+    internal::append_observation(written, std::move(stored), &record.capacity,
+                                 &record.observations);
     ProfileRecommendation rec = recommendation;
     if (rec.measured_at.empty()) rec.measured_at = record.updated_at;
     record.recommendation = std::move(rec);
