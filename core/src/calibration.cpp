@@ -128,14 +128,14 @@ ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, do
 }
 
 ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, double peak_gb,
-                                            double headroom_gb) {
+                                            double headroom_gb, double share) {
   ProfileRecommendation r;
   r.profile_measurement_kind = std::string(kKindSdnqProbe);
   r.peak_vram_gb = peak_gb;
   r.total_vram_gb = total_gb;
   r.headroom_gb = headroom_gb;
   r.probe_budget_gb = probe_gb;
-  const double overshoot = std::max(0.0, peak_gb - (total_gb - headroom_gb));
+  const double overshoot = share * std::max(0.0, peak_gb - (total_gb - headroom_gb));
   r.resident_budget_gb = std::max(0.0, probe_gb - overshoot);
   return r;
 }
@@ -153,6 +153,7 @@ json ProfileReport::to_json() const {
   if (peak_vram_gb) out["peak_vram_gb"] = *peak_vram_gb;
   if (total_vram_gb) out["total_vram_gb"] = *total_vram_gb;
   if (headroom_gb) out["headroom_gb"] = *headroom_gb;
+  if (budget_share) out["budget_share"] = *budget_share;
   if (profile_measurement_kind) out["profile_measurement_kind"] = *profile_measurement_kind;
   if (measurement) out["measurement"] = measurement->to_json();
   if (weights) out["weights"] = *weights;
@@ -465,6 +466,18 @@ Status reused_profile_out_of_memory(const PreparedProfile& prepared) {
   return outgrown(prepared, "the device ran out of memory inside its profile_run() region");
 }
 
+namespace {
+// A calibration's budgets as one denoiser's share of the region's room (Note [Denoisers share
+// one calibration] in pipeline_profiles.h); a single model's share is 1.
+void scale_to_share(double share, ProfileRecommendation* rec) {
+  DDO_ASSERT(share >= 0.0 && share <= 1.0, "a budget share outside [0, 1]: ", share);
+  if (share == 1.0) return;
+  rec->resident_budget_gb *= share;
+  if (rec->safe_budget_gb) *rec->safe_budget_gb *= share;
+  if (rec->probe_budget_gb) *rec->probe_budget_gb *= share;
+}
+}  // namespace
+
 Status finish_region(const PreparedProfile& prepared, const RegionResult& result,
                      ProfileStore& store, ProfileReport* report) {
   *report = prepared.report;
@@ -487,10 +500,12 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
     rec = recommend_after_calibration(prepared.sdnq, total_gb, peak_gb, headroom_gb,
                                       prepared.max_resident_budget_gb);
     rec.candidate_compute_ms = result.candidate_compute_ms;
+    scale_to_share(result.budget_share, &rec);
   } else {
     DDO_ASSERT(prepared.probe_budget_gb.has_value(), "a probe region without a probe budget");
     measured_with_gb = *prepared.probe_budget_gb;
-    rec = recommend_after_probe(measured_with_gb, total_gb, peak_gb, headroom_gb);
+    rec = recommend_after_probe(measured_with_gb, total_gb, peak_gb, headroom_gb,
+                                result.budget_share);
     rec.safe_budget_gb = prepared.safe_budget_gb;
   }
   rec.measured_at = utc_now_iso8601();
@@ -518,6 +533,13 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
   if (!prepared.weights.empty()) report->measured_weights = prepared.weights;
   report->notes.push_back(
       fmt::format("measured with a resident budget of {}", format_gib(measured_with_gb)));
+  if (result.budget_share < 1.0) {
+    report->budget_share = result.budget_share;
+    report->notes.push_back(fmt::format(
+        "the pipeline's denoisers were measured in one region and share its room: this one "
+        "takes {:.3f} of it, in proportion to its resident-candidate bytes",
+        result.budget_share));
+  }
   if (rec.probe_pending) {
     report->notes.push_back(fmt::format(
         "the saved {} is a pending probe, not a validated resident run; the next normal run "

@@ -483,6 +483,85 @@ def _enable(
         # C++'s parse (ddo/sdnq/quantize_model.h): a ValueError naming the choices, before
         # anything else runs; "" for "none".
         quantize = quantize if torch.ops.ddo.sdnq_quantize_type(quantize) else None
+    prepared = _prepare(model, label, record_event, quantize=quantize)
+    if prepared.jit and load is not None:
+        raise TypeError("loading a checkpoint into a TorchScript module is not supported; "
+                        "torch.jit.load the saved module, then call enable_offload on it")
+    native_args = dict(
+        _native_settings(preset, settings, config, execution_device, env, wsl),
+        profile_name=profile_name or "",
+        build_profile=build_profile,
+        overrides=dict(overrides) or None,
+        record_event=prepared.progress,
+        device=device,
+    )
+    prepared.progress.start()
+    try:
+        # quantize= is C++'s, for both (OffloadOptions::quantize; Note [Quantized dense weights]
+        # in torch/src/attach_quantize.cpp): each stock Linear's weight is served from a quantized
+        # copy while the model keeps its modules, dtypes and dense weights.
+        if prepared.jit:
+            native = _C.enable_offload_jit(model, quantize=quantize or "", **native_args)
+        else:
+            native = _C.enable_offload_tree(prepared.model_class, prepared.entries, load=load,
+                                            extra_skip_patterns=prepared.extra_skip,
+                                            quantize=quantize or "",
+                                            keep_dense_modules=prepared.keep_dense,
+                                            **native_args)
+    except BaseException:
+        prepared.progress.close(failed=True)
+        raise
+    prepared.progress.close()
+    return _finish(prepared, native)
+
+
+class _Prepared:
+    """One module as the Python glue gathered it for ddo._C (``_prepare``): its tree, the modules
+    kept out of ddo's hands, its SDNQ layers and its progress line. No decisions: the settings,
+    the route and the profile are C++'s."""
+
+    def __init__(self, model: nn.Module, label: Optional[str],
+                 record_event: Optional[RecordEvent]) -> None:
+        self.model = model
+        # A TorchScript module (torch.jit.trace / script / load) is a ScriptModule whose children
+        # are RecursiveScriptModules, not nn.Linear: _gather would stream none of it. C++ reads
+        # its TorchScript types instead (jit_bindings.cpp), as for a C++ program's
+        # torch::jit::Module.
+        self.jit = isinstance(model, torch.jit.ScriptModule)
+        self.model_class = model_class_name(model)
+        self.entries, self.kept, self.sdnq_layers = ([], [], []) if self.jit else _gather(model)
+        # Kept modules stay where they are whatever the settings say: C++ appends these after it
+        # resolves skip_modules_pattern (OffloadOptions::extra_skip_patterns).
+        self.extra_skip = [_anchored(k["module"]) for k in self.kept if not k.get("placed")]
+        self.keep_dense = [] if self.jit else _keep_in_fp32(model)
+        self.progress = SetupProgress(label or self.model_class, record_event)
+
+    def component(self, name: str) -> dict[str, Any]:
+        """The component's arguments for ``_C.enable_pipeline_offload``."""
+        return dict(
+            name=name,
+            model_class="" if self.jit else self.model_class,
+            entries=self.entries,
+            jit=self.model if self.jit else None,
+            extra_skip_patterns=self.extra_skip,
+            keep_dense_modules=self.keep_dense,
+            record_event=self.progress,
+        )
+
+
+def _prepare(
+    model: nn.Module,
+    label: Optional[str],
+    record_event: Optional[RecordEvent],
+    quantize: Optional[str] = None,
+) -> _Prepared:
+    """Gathers ``model`` for ddo._C after the checks every attach makes: a module without an
+    active offload that is not torch.compile'd."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"enable_offload takes a torch.nn.Module, not {type(model).__name__}; for a "
+            "diffusers pipeline use enable_pipeline_offload"
+        )
     existing = getattr(model, _ATTR, None)
     if isinstance(existing, OffloadResult) and existing.active:
         if quantize is not None:
@@ -495,51 +574,20 @@ def _enable(
         raise RuntimeError(
             "this module already has an active ddo offload; call remove_offload(model) first"
         )
-    # A TorchScript module (torch.jit.trace / script / load) is a ScriptModule whose children are
-    # RecursiveScriptModules, not nn.Linear: _gather would stream none of it. C++ reads its
-    # TorchScript types instead (jit_bindings.cpp), as for a C++ program's torch::jit::Module.
-    jit = isinstance(model, torch.jit.ScriptModule)
-    if jit and load is not None:
-        raise TypeError("loading a checkpoint into a TorchScript module is not supported; "
-                        "torch.jit.load the saved module, then call enable_offload on it")
-    if not jit:
+    if not isinstance(model, torch.jit.ScriptModule):
         _refuse_compiled(model)
-    model_class = model_class_name(model)
-    entries, kept, sdnq_layers = ([], [], []) if jit else _gather(model)
-    # Kept modules stay where they are whatever the settings say: C++ appends these after it
-    # resolves skip_modules_pattern (OffloadOptions::extra_skip_patterns).
-    extra_skip = [_anchored(k["module"]) for k in kept if not k.get("placed")]
+    return _Prepared(model, label, record_event)
 
-    progress = SetupProgress(label or model_class, record_event)
-    progress.start()
-    native_args = dict(
-        _native_settings(preset, settings, config, execution_device, env, wsl),
-        profile_name=profile_name or "",
-        build_profile=build_profile,
-        overrides=dict(overrides) or None,
-        record_event=progress,
-        device=device,
-    )
-    try:
-        # quantize= is C++'s, for both (OffloadOptions::quantize; Note [Quantized dense weights]
-        # in torch/src/attach_quantize.cpp): each stock Linear's weight is served from a quantized
-        # copy while the model keeps its modules, dtypes and dense weights.
-        if jit:
-            native = _C.enable_offload_jit(model, quantize=quantize or "", **native_args)
-        else:
-            native = _C.enable_offload_tree(model_class, entries, load=load,
-                                            extra_skip_patterns=extra_skip,
-                                            quantize=quantize or "",
-                                            keep_dense_modules=_keep_in_fp32(model),
-                                            **native_args)
-    except BaseException:
-        progress.close(failed=True)
-        raise
-    progress.close()
-    result = OffloadResult(model, native, model_class, kept, progress.events)
+
+def _finish(prepared: _Prepared, native: "_C.Offload") -> OffloadResult:
+    """The OffloadResult over an attached ``native`` offload: SDNQ forwards, the adapter watch,
+    and the model's ``_ddo_offload`` attribute."""
+    model = prepared.model
+    result = OffloadResult(model, native, prepared.model_class, prepared.kept,
+                           prepared.progress.events)
     executing = native.report().get("executing", False)
-    result._install_sdnq_forwards(sdnq_layers, executing)
-    if executing and not jit:
+    result._install_sdnq_forwards(prepared.sdnq_layers, executing)
+    if executing and not prepared.jit:
         result._watch = _adapters.watch(model, native.report().get("execution_device", "cpu"))
     try:
         object.__setattr__(model, _ATTR, result)

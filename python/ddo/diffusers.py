@@ -4,20 +4,25 @@ Every ``nn.Module`` component (transformer, unet, vae, text_encoder, ...) takes 
 policy names -- ``DDO_<COMPONENT>_ROUTE`` (dynamic, group_block, group_leaf, device, none) or the
 settings' own route -- and is offloaded by the same C++ enable_offload as a single model, on one
 shared execution device. Schedulers, tokenizers, feature extractors and other non-modules are
-skipped and listed. The profile options apply to one component: ``profile_component``, else the
-first on the dynamic route (the denoiser in diffusers' component order)::
+skipped and listed. The profile options apply to the pipeline's denoisers on the dynamic route
+(``transformer``, ``transformer_2``, ``unet``, ``prior``, ...; else the first component on the
+dynamic route; ``profile_component`` names one or a list): the first keeps ``profile_name``, each
+further one gets ``<profile_name>.<component>``, and one ``profile_run()`` measures them all and
+splits the measured room between them::
 
-    offload = ddo.enable_pipeline_offload(pipe, profile_name="my-workload",
+    offload = ddo.enable_pipeline_offload(pipe, profile_name="wan-5s",
                                           build_profile=calibrate)
     with offload.profile_run() as profile_report:
-        image = pipe(prompt, num_inference_steps=28).images[0]
+        video = pipe(prompt, num_inference_steps=40).frames[0]
+    profile_report["components"]["transformer_2"]["name"]   # "wan-5s.transformer_2"
 
-The routing (which component takes which route, which one is profiled, the shared device) is
-C++'s ``route_pipeline`` (ddo/torch/pipeline_offload.h), the rule
-ddo::adapter::enable_pipeline_offload follows too; Python gathers the components and calls it.
-The per-component work is the C++ enable_offload. A TorchScript component (a traced or
-loaded ``torch.jit.ScriptModule`` is an nn.Module too) takes the same route through
-``enable_offload``'s TorchScript path.
+The loop is C++'s (``enable_pipeline_components``, ddo/torch/enable_offload.h; the routing rule
+``route_pipeline`` in ddo/torch/pipeline_offload.h): Python gathers each component as
+``enable_offload`` does (its module tree, the modules it keeps, its progress line) and makes one
+call, which resolves the settings with the overrides, routes, opens the shared device, attaches
+each component and restores those done when one fails. ``PipelineOffloadResult`` is a view over
+the C++ result. A TorchScript component (a traced or loaded ``torch.jit.ScriptModule`` is an
+nn.Module too) takes the same route through ``enable_offload``'s TorchScript path.
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 from . import _C
-from .api import OffloadResult, ProfileRunContext, RecordEvent, _check_public_args, _enable
+from .api import (
+    OffloadResult,
+    ProfileRunContext,
+    RecordEvent,
+    _check_public_args,
+    _finish,
+    _native_settings,
+    _prepare,
+)
 from .config import DynamicOffloadConfig, DynamicOffloadSettings
 from .generation import GenerationMeter
 
@@ -67,20 +80,24 @@ def pipeline_components(pipeline: Any) -> tuple[dict[str, nn.Module], dict[str, 
 
 
 class PipelineOffloadResult:
-    """The offloads of a pipeline's components; ``profile_run()`` measures the profiled one."""
+    """A view over the C++ PipelineOffload (``ddo._C.enable_pipeline_offload``): the offloads of
+    a pipeline's components; ``profile_run()`` measures every profiled denoiser in one region."""
 
     def __init__(
         self,
+        native: "_C.PipelineOffload",
         components: dict[str, Optional[OffloadResult]],
-        routes: dict[str, str],
         skipped: dict[str, str],
-        profiled: str,
         modules: Optional[dict[str, nn.Module]] = None,
     ) -> None:
+        self._native = native
         self.components = components  # name -> OffloadResult, None on the "none" route
-        self.routes = routes
+        self.routes = {name: native.route_of(name) for name in native.component_names()}
         self.skipped = skipped
-        self.profiled_component = profiled
+        # The components the profile options apply to (the denoisers) and their profile names.
+        self.profiled_components = list(native.profiled_components)
+        self.profiled_component = self.profiled_components[0] if self.profiled_components else ""
+        self.profile_names = {n: native.profile_name_of(n) for n in self.profiled_components}
         self.modules = dict(modules or {})  # name -> the component module, every route
 
     # A read-only mapping of component name -> OffloadResult, as diffusers-dynamic-offloader's
@@ -118,13 +135,9 @@ class PipelineOffloadResult:
         return self.components[name]
 
     def profile_run(self) -> ProfileRunContext:
-        offload = self.components.get(self.profiled_component) if self.profiled_component else None
-        if offload is None:
-            raise RuntimeError(
-                "profile_run() on a pipeline without a component on the dynamic route; route the "
-                "denoiser (e.g. transformer) to dynamic offload"
-            )
-        return offload.profile_run()
+        """One measured region over every profiled denoiser (PipelineOffload::profile_run): its
+        report is the first denoiser's, with ``report["components"][name]`` for each."""
+        return ProfileRunContext(self._native)
 
     def generation(self) -> "GenerationContext":
         """``with offloads.generation() as gen:`` -- one generation's report in ``gen.report``.
@@ -136,27 +149,27 @@ class PipelineOffloadResult:
         return GenerationContext(self)
 
     def remove(self) -> None:
-        """Restores every component, in reverse order."""
+        """Restores every component, in reverse order (PipelineOffload::remove), then each
+        result's Python side (SDNQ forwards, the adapter watch)."""
+        self._native.remove()
         for offload in reversed(list(self.components.values())):
             if offload is not None:
                 offload.remove()
 
     def report(self) -> dict[str, Any]:
-        comps = {}
+        r = self._native.report()
         for name, offload in self.components.items():
-            one = offload.report() if offload is not None else {}
-            one["route_policy"] = self.routes[name]
-            comps[name] = one
-        return {
-            "profiled_component": self.profiled_component,
-            "components": comps,
-            "skipped": dict(self.skipped),
-        }
+            if offload is not None:
+                r["components"][name] = dict(offload.report(), route_policy=self.routes[name])
+        r["skipped"] = dict(self.skipped)
+        return r
 
     def summary(self) -> str:
         out = []
         for name, offload in self.components.items():
-            out.append(f"[{name}] route {self.routes[name]}\n")
+            profile = self.profile_names.get(name)
+            named = f", profile {profile!r}" if profile else ""
+            out.append(f"[{name}] route {self.routes[name]}{named}\n")
             if offload is not None:
                 out.append(offload.summary())
         for name, why in self.skipped.items():
@@ -218,7 +231,7 @@ def enable_pipeline_offload(
     config: Optional[DynamicOffloadConfig | Mapping[str, Any]] = None,
     execution_device: Optional[str] = None,
     record_event: Optional[RecordEvent] = None,
-    profile_component: Optional[str] = None,
+    profile_component: Optional[str | list[str]] = None,
     *,
     components: Any = None,
     offload_device: Any = "cpu",
@@ -231,9 +244,11 @@ def enable_pipeline_offload(
 ) -> PipelineOffloadResult:
     """Offloads every nn.Module component of ``pipeline`` with one settings object.
 
-    Arguments as for ``enable_offload``; ``profile_component`` names the component the profile
-    options apply to (default: the first on the dynamic route). A failure on one component
-    restores the ones already done. The result also reads as a dict of component name ->
+    Arguments as for ``enable_offload``; ``profile_component`` names the component (or a list of
+    components) the profile options apply to (default: the denoisers on the dynamic route, else
+    the first component on the dynamic route); the first keeps ``profile_name``, each further one
+    is profiled as ``<profile_name>.<component>`` (``result.profile_names``). A failure on one
+    component restores the ones already done. The result also reads as a dict of component name ->
     OffloadResult (diffusers-dynamic-offloader returns a dict).
 
     diffusers-dynamic-offloader's keywords: ``components`` (a mapping of name -> module, or the names of
@@ -267,62 +282,34 @@ def enable_pipeline_offload(
     env = {} if not use_environment else environ
     if settings is not None and config is not None:
         raise TypeError("pass either settings= or config=, not both")
-    if settings is None:
-        settings = DynamicOffloadSettings.from_env(
-            preset,
-            config,
-            env=dict(env) if env is not None else None,
-            wsl=running_on_wsl,
-            **config_overrides,
-        )
-    elif not isinstance(settings, DynamicOffloadSettings):
+    if settings is not None and not isinstance(settings, DynamicOffloadSettings):
         raise TypeError(
             f"settings must be a DynamicOffloadSettings, not {type(settings).__name__}"
         )
-    elif config_overrides:
-        settings = settings.with_overrides(**config_overrides)
 
-    # The routing rule is C++'s (route_pipeline, ddo/torch/pipeline_offload.h), the one
-    # ddo::adapter::enable_pipeline_offload follows: Python only gathered the components.
-    routing = _C.route_pipeline(
-        settings._native, list(modules), profile_component or "", execution_device or ""
+    # Python gathers each component (no decisions); C++ resolves the settings with the
+    # overrides, routes, opens the shared device, attaches each component on its route and
+    # restores those done when one fails (Note [The pipeline loop] in
+    # torch/src/pipeline_offload.cpp).
+    prepared = {
+        name: _prepare(module, name, record_event) for name, module in modules.items()
+    }
+    native = _C.enable_pipeline_offload(
+        [p.component(name) for name, p in prepared.items()],
+        **_native_settings(preset, settings, config, execution_device,
+                           dict(env) if env is not None else None, running_on_wsl),
+        overrides=dict(config_overrides) or None,
+        profile_name=profile_name or "",
+        build_profile=build_profile,
+        profile_component=profile_component,
     )
-    routes = {c["name"]: c["route"] for c in routing["components"]}
-    # Each component's settings (its route, the shared device, the profile options on the
-    # profiled one only) are C++'s too: PipelineRouting::settings_for.
-    component_settings = dict(zip(routes, routing["settings"]))
-    profiled = routing["profiled"]
-    device_name = routing["execution_device"]
-    device = (
-        _C.open_execution_device(device_name, settings.config.to_dict())
-        if routing["open_device"]
-        else None
-    )
-
-    done: dict[str, Optional[OffloadResult]] = {}
     try:
-        for name, module in modules.items():
-            route = routes[name]
-            if route == "none":
-                done[name] = None
-                continue
-            is_profiled = name == profiled
-            done[name] = _enable(
-                module,
-                preset=None,
-                profile_name=profile_name if is_profiled else None,
-                build_profile=build_profile if is_profiled else False,
-                settings=DynamicOffloadSettings(component_settings[name]),
-                config=None,
-                execution_device=device_name,
-                record_event=record_event,
-                overrides={},
-                device=device,
-                label=name,
-            )
+        done = {
+            name: None if native.component(name) is None
+            else _finish(prepared[name], native.component(name))
+            for name in modules
+        }
     except BaseException:
-        for offload in reversed(list(done.values())):
-            if offload is not None:
-                offload.remove()
+        native.remove()
         raise
-    return PipelineOffloadResult(done, routes, skipped, profiled, modules)
+    return PipelineOffloadResult(native, done, skipped, modules)

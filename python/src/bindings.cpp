@@ -7,8 +7,9 @@
 //   config_bindings.cpp  config fields, presets, the settings loader
 //   profile_bindings.cpp the named-profile store
 //   legacy_bindings.cpp  diffusers-dynamic-offloader's host-context store (ddo/legacy.py)
-//   offload_bindings.cpp enable_offload over a Python module tree, reports, the pipeline router
+//   offload_bindings.cpp enable_offload over a Python module tree, reports
 //   jit_bindings.cpp     enable_offload over a TorchScript module
+//   pipeline_bindings.cpp the pipeline router and the pipeline loop
 #include <pybind11/pybind11.h>
 
 #include "py_common.h"
@@ -21,4 +22,5 @@ PYBIND11_MODULE(_C, m) {
   ddo::python::bind_legacy(m);
   ddo::python::bind_offload(m);
   ddo::python::bind_jit(m);
+  ddo::python::bind_pipeline(m);
 }

@@ -44,6 +44,12 @@ torch::jit::Module jit_module_of(py::handle module) {
 
 }  // namespace
 
+std::function<std::unique_ptr<adapter::Offload>(const adapter::OffloadOptions&)> jit_attach(
+    py::handle module) {
+  const torch::jit::Module jit = jit_module_of(module);
+  return [jit](const adapter::OffloadOptions& o) { return adapter::enable_offload(jit, o); };
+}
+
 void bind_jit(py::module_& m) {
   m.def(
       "jit_module_class_name",

@@ -1,8 +1,8 @@
 // ddo._C: enable_offload over a Python module tree, the Offload handle and its reports, its
-// measured region, and the pipeline router. Python (ddo/api.py) walks nn.Module.named_modules()
-// once and passes plain tuples plus the model's own tensors; torch's type caster hands those
-// tensors over as at::Tensor without copies, and ddo_torch re-points them in place (set_data), so
-// the Python Parameters stay the same objects and no Python code runs per op.
+// measured region. Python (ddo/api.py) walks nn.Module.named_modules() once and passes plain tuples
+// plus the model's own tensors; torch's type caster hands those tensors over as at::Tensor without
+// copies, and ddo_torch re-points them in place (set_data), so the Python Parameters stay the same
+// objects and no Python code runs per op.
 //
 // Note [GIL and interrupts during setup]
 // Setup can take minutes (pinning tens of GiB), so it runs with the GIL released. ddo_torch
@@ -34,7 +34,6 @@
 #include "ddo/torch/interception.h"
 #include "ddo/torch/loader.h"
 #include "ddo/torch/module_tree.h"
-#include "ddo/torch/pipeline_offload.h"
 #include "ddo/torch/profile_run.h"
 #include "ddo/torch/weight_cache.h"
 #include "offload_setup.h"
@@ -44,38 +43,6 @@ namespace ddo::python {
 namespace {
 
 using nlohmann::json;
-
-// The tree from Python's tuples: (name, class_name, kind, is_leaf, training, [(tensor_name,
-// tensor, is_parameter), ...], stock_class, sdnq_layout) in named_modules() order (ModuleEntry:
-// stock_class is `type(m) is nn.Linear` for a Linear, sdnq_layout an SDNQ layer's layout code or
-// None).
-adapter::ModuleTree tree_from(const std::string& model_class, const py::list& entries) {
-  adapter::ModuleTree tree;
-  tree.model_class = model_class;
-  tree.entries.reserve(entries.size());
-  for (py::handle item : entries) {
-    auto t = item.cast<py::tuple>();
-    if (t.size() != 8) throw py::type_error("module entries are 8-tuples (ddo.api._gather)");
-    adapter::ModuleEntry entry;
-    entry.name = t[0].cast<std::string>();
-    entry.class_name = t[1].cast<std::string>();
-    raise_status(core::parse_module_kind(t[2].cast<std::string>(), &entry.kind));
-    entry.is_leaf = t[3].cast<bool>();
-    entry.training = t[4].cast<bool>();
-    entry.stock_class = t[6].cast<bool>();
-    if (!t[7].is_none()) entry.sdnq_layout = t[7].cast<std::vector<std::int64_t>>();
-    for (py::handle slot_item : t[5].cast<py::list>()) {
-      auto slot = slot_item.cast<py::tuple>();
-      adapter::TensorSlot tensor_slot;
-      tensor_slot.name = slot[0].cast<std::string>();
-      tensor_slot.tensor = slot[1].cast<at::Tensor>();  // shares the TensorImpl: no copy
-      tensor_slot.is_parameter = slot[2].cast<bool>();
-      if (tensor_slot.tensor.defined()) entry.tensors.push_back(std::move(tensor_slot));
-    }
-    tree.entries.push_back(std::move(entry));
-  }
-  return tree;
-}
 
 // The setup-event callback of Note [GIL and interrupts during setup]. Shared with the callback
 // that ddo_torch keeps inside the Offload; the Python callable is dropped under the GIL.
@@ -138,6 +105,38 @@ std::unique_ptr<adapter::Offload> enable(const OffloadArgs& args) {
 }
 
 }  // namespace
+
+// The tree from Python's tuples (offload_setup.h): (name, class_name, kind, is_leaf, training,
+// [(tensor_name, tensor, is_parameter), ...], stock_class, sdnq_layout) in named_modules() order
+// (ModuleEntry: stock_class is `type(m) is nn.Linear` for a Linear, sdnq_layout an SDNQ layer's
+// layout code or None).
+adapter::ModuleTree tree_from(const std::string& model_class, const py::list& entries) {
+  adapter::ModuleTree tree;
+  tree.model_class = model_class;
+  tree.entries.reserve(entries.size());
+  for (py::handle item : entries) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 8) throw py::type_error("module entries are 8-tuples (ddo.api._gather)");
+    adapter::ModuleEntry entry;
+    entry.name = t[0].cast<std::string>();
+    entry.class_name = t[1].cast<std::string>();
+    raise_status(core::parse_module_kind(t[2].cast<std::string>(), &entry.kind));
+    entry.is_leaf = t[3].cast<bool>();
+    entry.training = t[4].cast<bool>();
+    entry.stock_class = t[6].cast<bool>();
+    if (!t[7].is_none()) entry.sdnq_layout = t[7].cast<std::vector<std::int64_t>>();
+    for (py::handle slot_item : t[5].cast<py::list>()) {
+      auto slot = slot_item.cast<py::tuple>();
+      adapter::TensorSlot tensor_slot;
+      tensor_slot.name = slot[0].cast<std::string>();
+      tensor_slot.tensor = slot[1].cast<at::Tensor>();  // shares the TensorImpl: no copy
+      tensor_slot.is_parameter = slot[2].cast<bool>();
+      if (tensor_slot.tensor.defined()) entry.tensors.push_back(std::move(tensor_slot));
+    }
+    tree.entries.push_back(std::move(entry));
+  }
+  return tree;
+}
 
 adapter::OffloadOptions offload_options(const OffloadArgs& args) {
   adapter::OffloadOptions options;
@@ -208,38 +207,6 @@ void bind_device(py::module_& m) {
                                               config_from(to_json(config, "config")));
       },
       py::arg("execution_device"), py::arg("config") = py::none());
-}
-
-void bind_pipeline_router(py::module_& m) {
-  // The pipeline router (ddo/torch/pipeline_offload.h): ddo/diffusers.py gathers the components
-  // and C++ decides their routes, the profiled one and the shared device, as it does for
-  // ddo::adapter::enable_pipeline_offload.
-  m.def(
-      "route_pipeline",
-      [](const core::DynamicOffloadSettings& settings, const std::vector<std::string>& names,
-         const std::string& profile_component, const std::string& execution_device) {
-        const adapter::PipelineRouting routing =
-            adapter::route_pipeline(settings, names, profile_component, execution_device);
-        json components = json::array();
-        for (const adapter::PipelineRouting::Component& c : routing.components) {
-          components.push_back({{"name", c.name}, {"route", core::to_string(c.route)}});
-        }
-        py::dict out = from_json({{"components", std::move(components)},
-                                  {"profiled", routing.profiled},
-                                  {"execution_device", routing.execution_device},
-                                  {"open_device", routing.open_device}});
-        py::list each;
-        for (std::size_t i = 0; i < routing.components.size(); ++i) {
-          each.append(py::cast(routing.settings_for(settings, i)));
-        }
-        out["settings"] = each;
-        return out;
-      },
-      py::arg("settings"), py::arg("names"), py::arg("profile_component") = "",
-      py::arg("execution_device") = "",
-      "{components: [{name, route}], profiled, execution_device, open_device, settings: [the "
-      "Settings each component is attached with]} for a pipeline's components under `settings` "
-      "(route_pipeline and PipelineRouting::settings_for in ddo/torch/pipeline_offload.h).");
 }
 
 void bind_caches(py::module_& m) {
@@ -502,7 +469,6 @@ void bind_loader(py::module_& m) {
 
 void bind_offload(py::module_& m) {
   bind_device(m);
-  bind_pipeline_router(m);
   bind_caches(m);
   bind_profile_run(m);
   bind_generation_meter(m);

@@ -20,6 +20,7 @@
 
 #include "ddo/core/settings.h"
 #include "ddo/torch/enable_offload.h"
+#include "ddo/torch/module_tree.h"
 
 namespace ddo::python {
 
@@ -57,5 +58,15 @@ adapter::OffloadOptions offload_options(const OffloadArgs& args);
 std::unique_ptr<adapter::Offload> attach_with_events(
     adapter::OffloadOptions options, const OffloadArgs& args,
     const std::function<std::unique_ptr<adapter::Offload>(const adapter::OffloadOptions&)>& attach);
+
+// The module tree from Python's 8-tuples (ddo.api._gather), sharing the model's tensors;
+// needs the GIL (offload_bindings.cpp).
+adapter::ModuleTree tree_from(const std::string& model_class, const py::list& entries);
+
+// The attach of a TorchScript module (a torch.jit.ScriptModule or its ._c; jit_bindings.cpp):
+// enable_offload over its torch::jit::Module, which shares the Python object's slots. Resolving
+// the object needs the GIL; the returned attach does not.
+std::function<std::unique_ptr<adapter::Offload>(const adapter::OffloadOptions&)> jit_attach(
+    py::handle module);
 
 }  // namespace ddo::python

@@ -78,4 +78,8 @@ void bind_offload(py::module_& m);
 // Offload class it returns.
 void bind_jit(py::module_& m);
 
+// Registers the pipeline router and loop (pipeline_bindings.cpp); after bind_offload, whose
+// Offload and ProfileRun classes it returns.
+void bind_pipeline(py::module_& m);
+
 }  // namespace ddo::python

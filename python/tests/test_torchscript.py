@@ -246,6 +246,8 @@ def test_pipeline_with_a_traced_component(profile_dir):
                                               build_profile=calibrate, **STREAM_ALL)
         assert offload.routes == {"transformer": "dynamic", "unet": "dynamic"}
         assert offload.profiled_component == "transformer"
+        # Both are denoisers: the unet is profiled under a name of its own.
+        assert offload.profile_names == {"transformer": "ts-pipe", "unet": "ts-pipe.unet"}
         assert offload["transformer"].model_class == jit_class(flux)
         assert offload["unet"].model_class == "UNet2DConditionModel"
         if calibrate:  # everything streamed; the reuse run keeps what the profile recommends
@@ -254,7 +256,7 @@ def test_pipeline_with_a_traced_component(profile_dir):
             assert ddo._C.is_managed(unet.conv_in.weight)
         else:
             assert offload["transformer"].report()["resident_bytes"] > 0
-            assert offload["unet"].report()["resident_bytes"] == 0  # no profile: all streamed
+            assert offload["unet"].profile_report["status"] == "applied"
         with offload.profile_run() as report:
             got = run(traced, flux_inputs), run(unet, unet_inputs)
         statuses.append(report["status"])
@@ -263,3 +265,4 @@ def test_pipeline_with_a_traced_component(profile_dir):
         assert not any(ddo._C.is_managed(m.weight) for _, m in weight_modules(traced))
     assert statuses == ["saved", "applied"]
     assert ddo.load_profile("ts-pipe", traced) is not None
+    assert ddo.load_profile("ts-pipe.unet", unet) is not None

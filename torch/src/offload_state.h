@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -159,20 +160,28 @@ struct OffloadState {
 // The running totals Offload::counters() gives (offload_report.cpp).
 Offload::Counters run_totals(const OffloadState& s);
 
-// One open profile_run() region.
+// One open profile_run() region: over one offload, or over a pipeline's profiled components
+// (Note [One region over several offloads] in profile_run.cpp).
 struct RegionState {
-  OffloadState* offload = nullptr;
+  std::vector<OffloadState*> offloads;  // the measured offloads, at least one
+  std::vector<std::string> components;  // their component names; empty for a single offload
   std::optional<core::CalibrationRegionLock> lock;
+  std::size_t measurer = 0;  // the offload whose probe measures the device
   bool measuring = false;
   bool done = false;
   nlohmann::json report = nlohmann::json::object();
 };
 
-// Opens a region on `offload` (profile_run.cpp).
-std::unique_ptr<RegionState> open_region(OffloadState& offload);
+// Opens a region on `offloads` (profile_run.cpp); `components` names them (empty for one offload).
+std::unique_ptr<RegionState> open_region(std::vector<OffloadState*> offloads,
+                                         std::vector<std::string> components = {});
 // Ends it; `normally` false aborts (nothing saved); `out_of_memory`: the device ran out of
 // memory inside it (ProfileRun::abort_out_of_memory). Returns the report.
 nlohmann::json close_region(RegionState& region, bool normally, bool out_of_memory = false);
+// Runs `region` inside `run` and ends it: finish() when it returns, abort (the out-of-memory
+// form for a c10::OutOfMemoryError) and rethrow when it throws. Offload's and PipelineOffload's
+// profile_run(callable).
+nlohmann::json run_region(ProfileRun run, const std::function<void()>& region);
 
 // The settings an attach with `options` runs under: preset, environment, config and overrides
 // resolved (DynamicOffloadSettings::from_env), then the options' own fields; validated.

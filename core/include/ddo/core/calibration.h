@@ -140,9 +140,11 @@ ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, do
                                                   double headroom_gb,
                                                   double max_resident_budget_gb);
 
-/// The recommendation after a probe run: probe - max(0, peak - (total - headroom)), >= 0.
+/// The recommendation after a probe run: probe - share * max(0, peak - (total - headroom)), >= 0.
+/// `share`: this model's share of the overshoot when several denoisers probed in one region
+/// (Note [Denoisers share one calibration] in pipeline_profiles.h); 1 for a single model.
 ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, double peak_gb,
-                                            double headroom_gb);
+                                            double headroom_gb, double share = 1.0);
 
 /// JSON-safe information for the host's metrics (docs/design/0007-named-profiles.md, section 5).
 struct ProfileReport {
@@ -156,6 +158,9 @@ struct ProfileReport {
   std::optional<double> peak_vram_gb;           ///< measured in the region
   std::optional<double> total_vram_gb;          ///< the card or cap the recommendation is for
   std::optional<double> headroom_gb;            ///< profile_vram_headroom_gb used
+  /// This model's share of the region's measured room, when several denoisers shared the region
+  /// (Note [Denoisers share one calibration] in pipeline_profiles.h).
+  std::optional<double> budget_share;
   std::optional<std::string> profile_measurement_kind;  ///< what the saved recommendation came
                                                         ///< from, e.g. "baseline" or "sdnq_probe"
   std::optional<Measurement> measurement;               ///< the region's figures, when it measured
@@ -215,6 +220,10 @@ struct RegionResult {
   /// GPU ms per step of each residency candidate, measured by the host in a calibration region
   /// (every candidate streamed); saved with the recommendation for the next run's placement.
   std::map<std::string, double> candidate_compute_ms;
+  /// This model's share of the measured room, in [0, 1]: below 1 when several denoisers of a
+  /// pipeline were measured in the region (Note [Denoisers share one calibration] in
+  /// pipeline_profiles.h); a saved recommendation is scaled by it.
+  double budget_share = 1.0;
 };
 
 /// For a region that applied a saved recommendation (prepared.check_peak) and exited normally:

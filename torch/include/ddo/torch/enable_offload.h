@@ -181,6 +181,7 @@ class Offload {
 
  private:
   friend std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptions&);
+  friend class PipelineOffload;  // its profile_run() measures several offloads in one region
   explicit Offload(std::unique_ptr<internal::OffloadState> state);
   std::unique_ptr<internal::OffloadState> state_;
 };
@@ -208,13 +209,27 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
 
 // --- pipelines -----------------------------------------------------------------------------------
 
-/// Offload over the components of a pipeline with one settings object: each component takes
-/// settings.policy_for(name).route -- dynamic offload, classic group streaming (block or leaf),
-/// a plain device move, or nothing. All components share one execution device. The profile
-/// options apply to `profile_component` (default: the first component on the dynamic route).
+/// Offload over the components of a pipeline with one settings object, routed by route_pipeline
+/// (pipeline_offload.h): each component takes settings.policy_for(name).route -- dynamic offload,
+/// classic group streaming (block or leaf), a plain device move, or nothing -- and all share one
+/// execution device. The profile options apply to the pipeline's denoisers, each under its own
+/// profile name, and one profile_run() region measures them all (Note [Denoisers share one
+/// calibration] in ddo/core/pipeline_profiles.h).
+///
+/// ```
+/// // transformer is profiled as "wan-5s", transformer_2 as "wan-5s.transformer_2"
+/// opts.profile_name = "wan-5s";
+/// opts.build_profile = calibrate;
+/// auto pipe = ddo::adapter::enable_pipeline_offload(
+///     {{"text_encoder", te}, {"transformer", high}, {"transformer_2", low}, {"vae", vae}}, opts);
+/// nlohmann::json report = pipe->profile_run([&] { video = generate(); });
+/// // report["components"]["transformer_2"]["status"] == "saved" on a calibration run
+/// ```
+struct PipelineComponent;
+
 class PipelineOffload {
  public:
-  ~PipelineOffload();
+  ~PipelineOffload();  ///< restores every component (remove())
   PipelineOffload(const PipelineOffload&) = delete;
   PipelineOffload& operator=(const PipelineOffload&) = delete;
 
@@ -223,39 +238,71 @@ class PipelineOffload {
   std::vector<std::string> component_names() const;  ///< in the order the components were given
   /// The component's route; throws for unknown names.
   core::Route route_of(const std::string& name) const;
-  /// Restores every component (reverse order).
+  /// The components the profile options apply to, in the pipeline's order
+  /// (PipelineRouting::profiled).
+  const std::vector<std::string>& profiled_components() const { return profiled_; }
+  /// The profile name the component was attached with ("" when none); throws for unknown names.
+  std::string profile_name_of(const std::string& name) const;
+  /// Restores every component (reverse order). Idempotent.
   void remove();
 
-  /// The profiled component's region.
+  /// One measured region over every profiled component that ddo attached: one calibration lock,
+  /// one measurement, each component's recommendation its share of the room (saved under its
+  /// own profile name), or each saved recommendation checked against the run. The report is the
+  /// first profiled component's, with "components": {name: that component's report}. Throws
+  /// kFailedPrecondition when no profiled component is attached.
   ProfileRun profile_run();
-  /// Runs `region` as the profiled component's measured region; returns its report.
+  /// Runs `region` as the measured region of profile_run(); returns its report.
   nlohmann::json profile_run(const std::function<void()>& region);
 
-  /// JSON: the profiled component's name and, per component, its route and report().
+  /// JSON: the profiled components ("profiled_component": the first, "profiled_components":
+  /// all, "profile_names": name -> profile name) and, per component, its route and report().
   nlohmann::json report() const;
   /// One screen for humans: each component's route and summary().
   std::string summary() const;
 
  private:
-  friend std::unique_ptr<PipelineOffload> enable_pipeline_offload(
-      std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
-      const OffloadOptions& options, const std::string& profile_component);
+  friend std::unique_ptr<PipelineOffload> enable_pipeline_components(
+      std::vector<PipelineComponent> components, const OffloadOptions& options,
+      const std::vector<std::string>& profile_components);
   PipelineOffload() = default;
 
   struct Component {
     std::string name;
     core::Route route = core::Route::kDynamic;
-    std::shared_ptr<torch::nn::Module> module;
+    std::string profile_name;
+    std::shared_ptr<torch::nn::Module> module;  ///< kept alive with its offload; may be null
     std::unique_ptr<Offload> offload;
   };
   std::vector<Component> components_;
-  std::string profiled_;
+  std::vector<std::string> profiled_;
 };
 
-/// Offloads the named components of a pipeline as PipelineOffload describes; `profile_component`
-/// names the one whose profile options apply ("": the first on the dynamic route).
+/// One component of a pipeline as enable_pipeline_components attaches it: its name and how to
+/// attach it. The Python package gives each component's module tree this way; a LibTorch
+/// module's is enable_offload(module, options).
+struct PipelineComponent {
+  std::string name;  ///< the component's name in the pipeline ("transformer", "vae", ...)
+  /// Attaches the component with the options the pipeline decided for it: `settings` resolved
+  /// for its route, the shared device and its profile name; `execution_device`, `device`,
+  /// `env`, `record_event`, and `model_class` where profiled. It may add what belongs to the
+  /// component alone (its extra skip patterns, its model class) and nothing the pipeline decides.
+  std::function<std::unique_ptr<Offload>(const OffloadOptions& options)> attach;
+  std::shared_ptr<torch::nn::Module> module;  ///< kept alive with its offload; may be null
+};
+
+/// Offloads the components of a pipeline as PipelineOffload describes, in one loop: resolves the
+/// settings once (preset, environment, config, `options.overrides`: so an override decides the
+/// routes, the profile name and the device), routes (route_pipeline, with `profile_components`),
+/// opens the shared device once, attaches each component on its route in the given order, and
+/// when one fails removes those already attached (reverse order) and rethrows.
+std::unique_ptr<PipelineOffload> enable_pipeline_components(
+    std::vector<PipelineComponent> components, const OffloadOptions& options = {},
+    const std::vector<std::string>& profile_components = {});
+
+/// enable_pipeline_components over LibTorch modules.
 std::unique_ptr<PipelineOffload> enable_pipeline_offload(
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> components,
-    const OffloadOptions& options = {}, const std::string& profile_component = "");
+    const OffloadOptions& options = {}, const std::vector<std::string>& profile_components = {});
 
 }  // namespace ddo::adapter

@@ -29,6 +29,10 @@
 /// nlohmann::json report = offload->profile_run([&] { latents = denoise(latents); });
 /// ```
 ///
+/// A pipeline's profile_run() (PipelineOffload, enable_offload.h) is one region over all its
+/// profiled denoisers: one lock, one measurement, each denoiser saving its share of the room
+/// (Note [One region over several offloads] in profile_run.cpp).
+///
 /// The report is JSON-safe (docs/design/0007-named-profiles.md, section 5: name, status,
 /// resident_budget_gb, path, peak_vram_gb, total_vram_gb, headroom_gb, profile_measurement_kind,
 /// measurement) and is also kept by the offload (`Offload::profile_report()`), so it stays readable
@@ -75,6 +79,7 @@ class ProfileRun {
 
  private:
   friend class Offload;
+  friend class PipelineOffload;  // one region over its profiled components
   explicit ProfileRun(std::unique_ptr<internal::RegionState> state);
   std::unique_ptr<internal::RegionState> state_;
 };
