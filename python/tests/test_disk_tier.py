@@ -352,3 +352,24 @@ def test_a_shard_written_in_place_while_attached_is_an_error(flux_dir, tmp_path)
         for seed in range(3):
             loaded.module(**flux_inputs(seed))
     loaded.offload.remove()
+
+
+@torch.no_grad()
+def test_load_state_dict_while_attached_then_remove_gives_the_new_weights(flux_dir):
+    # A write in place to a disk-tier weight cannot be served (the next forward refuses), and
+    # remove() gives the host the bytes it wrote, not the checkpoint's: nothing the host wrote is
+    # lost, with or without a forward in between.
+    path, streamed = flux_dir
+    for forward_between in (False, True):
+        loaded = load(path, host_ram_cap_gb=streamed * 0.4 / GIB, prefetch_window_mb=0.03)
+        assert loaded.report()["setup"]["load"]["disk_bytes"] > 0
+        torch.manual_seed(7)
+        new = {k: torch.randn_like(v) for k, v in loaded.module.state_dict().items()}
+        loaded.module.load_state_dict(new)
+        if forward_between:
+            with pytest.raises(RuntimeError, match=r"changed in place .*disk tier"):
+                loaded.module(**flux_inputs(0))
+        loaded.offload.remove()
+        back = loaded.module.state_dict()
+        wrong = [k for k, v in new.items() if not torch.equal(back[k], v)]
+        assert not wrong, (forward_between, len(wrong), len(new), wrong[:3])

@@ -133,7 +133,16 @@ at::Tensor tensor_back(const OffloadState& s, const ReplacedTensor& r, RestoreCh
   if (r.unit >= 0 && s.runtime && s.runtime->unit_on_disk[static_cast<std::size_t>(r.unit)] &&
       s.weights) {
     // Disk tier: the weight was never in host memory; the model the host gets back reads it
-    // from the checkpoint once more, into an ordinary CPU tensor.
+    // from the checkpoint once more, into an ordinary CPU tensor. A weight the host wrote in
+    // place while attached (load_state_dict, a LoRA fuse) holds its new bytes in the private
+    // mapping's written pages, and the forward that would have served it refuses: those bytes
+    // are what the host gets back, copied out of the mapping.
+    const ManagedWeight* m = managed_of(r.handle);
+    if (m != nullptr && !r.handle.is_inference() &&
+        static_cast<std::uint32_t>(r.handle._version()) != m->version) {
+      at::Tensor written = copy_with_layout(r.handle);
+      return r.original_device.is_cpu() ? written : written.to(r.original_device);
+    }
     at::Tensor t = s.weights->read_cpu(r.name, r.handle, s.record_event);
     return r.original_device.is_cpu() ? t : t.to(r.original_device);
   }
