@@ -157,34 +157,24 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
     for name, sub in list(module.named_modules()):
         if not isinstance(sub, nn.Linear) or f"{name}.scale" not in tensors:
             continue
-        for extra in _UNSUPPORTED_TENSORS:
-            if f"{name}.{extra}" in tensors:
-                raise ValueError(
-                    f"{path}: {name}.{extra}: double-quantized scales are not supported by ddo's "
-                    "dequantize; load it with loader='library'"
-                )
         meta = {
             part: tensors[f"{name}.{part}"]
             for part in ("weight", "scale", "zero_point", "svd_up", "svd_down", "bias")
             if f"{name}.{part}" in tensors
         }
-        scale_shape = tensors[f"{name}.scale"].shape
-        group = 0 if len(scale_shape) <= 2 else sub.in_features // max(1, scale_shape[-2])
-        out_in = (sub.out_features, sub.in_features)
-        transposed = (matmul and sub.out_features > 1
-                      and tuple(tensors[f"{name}.weight"].shape) == out_in[::-1]
-                      and tuple(scale_shape) == (1, sub.out_features))
-        if transposed and "svd_up" in meta:
-            raise ValueError(
-                f"{path}: {name}: SVD factors of the matmul layout are not supported by "
-                "ddo; load it with loader='library'"
-            )
-        try:
-            layout = list(torch.ops.ddo.sdnq_layout_code(
-                weights_dtype, result_dtype, sub.out_features, sub.in_features, group, transposed
-            ))
-        except (ValueError, RuntimeError) as e:
-            raise ValueError(f"{path}: {name}: ddo cannot run this SDNQ layout: {e}") from None
+        # How this layer is stored, and whether ddo runs it: C++'s rule
+        # (ddo/sdnq/acceptance.h), the one sdnq_layout applies to the package's modules.
+        group, transposed = torch.ops.ddo.sdnq_stored_layout(
+            matmul, sub.out_features, sub.in_features, list(tensors[f"{name}.weight"].shape),
+            list(tensors[f"{name}.scale"].shape))
+        layout, why = torch.ops.ddo.sdnq_accept_layer(
+            type(sub).__name__, True, weights_dtype, result_dtype,
+            [sub.out_features, sub.in_features], group, transposed, "svd_up" in meta,
+            [extra for extra in _UNSUPPORTED_TENSORS if f"{name}.{extra}" in tensors])
+        if why:
+            raise ValueError(f"{path}: {name}: ddo cannot run this SDNQ layer ({why}); load it "
+                             "with loader='library'")
+        layout = list(layout)
         bias = meta.pop("bias", None)
         if bias is not None and bias.dtype.is_floating_point:
             bias = torch.empty(bias.shape, dtype=result_dtype, device="meta")

@@ -59,39 +59,26 @@ def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
     code = getattr(module, _DDO_LAYOUT, None)
     if isinstance(code, list):
         return list(code)
+    # The facts of the sdnq package's layer; the rule is C++'s (ddo/sdnq/acceptance.h), the
+    # one the loader's SDNQ checkpoints go through.
     d = module.sdnq_dequantizer
-    if not isinstance(module, nn.Linear):
-        return f"sdnq_{type(module).__name__}: only quantized Linear layers are streamed"
     wd = getattr(d, "weights_dtype", None)
-    for flag in ("use_hadamard", "use_codebook", "use_codebook_scale"):
-        if getattr(d, flag, False):
-            return f"sdnq_{flag}: not supported by ddo's dequantize"
-    for name in _UNSUPPORTED_TENSORS:
-        if getattr(module, name, None) is not None:
-            return f"sdnq_{name}: double-quantized scales are not supported by ddo's dequantize"
     result_dtype = getattr(d, "result_dtype", None)
-    if not isinstance(wd, str) or not isinstance(result_dtype, torch.dtype):
-        return f"sdnq_dequantizer: weights_dtype {wd!r} / result_dtype {result_dtype!r} unreadable"
-    shape = tuple(getattr(d, "original_shape", ()) or ())
-    if len(shape) != 2:
-        return f"sdnq_original_shape_{shape}: a Linear weight is 2-D"
-    out_features, in_features = int(shape[0]), int(shape[1])
-    group = int(getattr(d, "group_size", 0) or 0)
-    if group < 0:
-        group = 0
-    # The package's matmul layout: stored [in, out] and computed by a quantized GEMM.
-    transposed = bool(getattr(d, "use_quantized_matmul", False))
-    if transposed and getattr(module, "svd_up", None) is not None:
-        # The matmul layout stores svd_up [r, out] and svd_down [in, r] (transposed).
-        return "sdnq_quantized_matmul_svd: SVD factors of the matmul layout are not supported"
-    try:  # the numbering and the checks are layout.cpp's (ddo::sdnq::Layout)
-        return list(
-            torch.ops.ddo.sdnq_layout_code(
-                wd, result_dtype, out_features, in_features, group, transposed
-            )
-        )
-    except ValueError as e:
-        return f"sdnq_layout: {e}"
+    features = [f for f in ("use_hadamard", "use_codebook", "use_codebook_scale")
+                if getattr(d, f, False)]
+    features += [n for n in _UNSUPPORTED_TENSORS if getattr(module, n, None) is not None]
+    layout, why = torch.ops.ddo.sdnq_accept_layer(
+        type(module).__name__,
+        isinstance(module, nn.Linear),
+        wd if isinstance(wd, str) else "",
+        result_dtype if isinstance(result_dtype, torch.dtype) else None,
+        [int(v) for v in (getattr(d, "original_shape", ()) or ())],
+        int(getattr(d, "group_size", 0) or 0),
+        bool(getattr(d, "use_quantized_matmul", False)),
+        getattr(module, "svd_up", None) is not None,
+        features,
+    )
+    return list(layout) if not why else why
 
 
 def install_forward(module: nn.Module, code: list[int]) -> None:

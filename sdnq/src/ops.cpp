@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "ddo/sdnq/acceptance.h"
 #include "ddo/sdnq/dequantize.h"
 #include "ddo/sdnq/quantize.h"
 #include "ddo/sdnq/quantize_model.h"
@@ -62,6 +63,39 @@ std::vector<std::int64_t> layout_code_kernel(c10::string_view weights_dtype,
       transposed,
       quantized_matmul.value_or(transposed)};
   return Layout::decode(layout.encode()).encode();
+}
+
+// ddo::sdnq_accept_layer: accept_layer (acceptance.h) over the facts Python read from a module
+// the sdnq package quantized or from a checkpoint layer: (layout code, "") or ([], why).
+std::tuple<std::vector<std::int64_t>, std::string> accept_layer_kernel(
+    c10::string_view module_type, bool is_linear, c10::string_view weights_dtype,
+    std::optional<c10::ScalarType> result_dtype, std::vector<std::int64_t> original_shape,
+    std::int64_t group_size, bool transposed, bool has_svd, std::vector<std::string> features) {
+  LayerFacts f;
+  f.module_type = std::string(module_type.data(), module_type.size());
+  f.is_linear = is_linear;
+  f.weights_dtype = std::string(weights_dtype.data(), weights_dtype.size());
+  f.result_dtype = result_dtype;
+  if (original_shape.size() == 2) {
+    f.out_features = original_shape[0];
+    f.in_features = original_shape[1];
+  }
+  f.group_size = group_size;
+  f.transposed = transposed;
+  f.has_svd = has_svd;
+  f.features = std::move(features);
+  Acceptance a = accept_layer(f);
+  return {std::move(a.layout), std::move(a.why)};
+}
+
+// ddo::sdnq_stored_layout: stored_layout (acceptance.h) for the loader.
+std::tuple<std::int64_t, bool> stored_layout_kernel(bool matmul, std::int64_t out_features,
+                                                    std::int64_t in_features,
+                                                    std::vector<std::int64_t> weight_shape,
+                                                    std::vector<std::int64_t> scale_shape) {
+  const StoredLayout s =
+      stored_layout(matmul, out_features, in_features, weight_shape, scale_shape);
+  return {s.group_size, s.transposed};
 }
 
 // ddo::sdnq_quantize_skip: why `quantize=` keeps a dense Linear as it is ("" when it quantizes
@@ -153,6 +187,15 @@ TORCH_LIBRARY(ddo, m) {
       "-> str",
       TORCH_FN(quantize_skip_kernel));
   m.def("sdnq_quantize_type(str quantize) -> str", TORCH_FN(quantize_type_kernel));
+  m.def(
+      "sdnq_accept_layer(str module_type, bool is_linear, str weights_dtype, "
+      "ScalarType? result_dtype, int[] original_shape, int group_size, bool transposed, "
+      "bool has_svd, str[] features) -> (int[] layout, str why)",
+      TORCH_FN(accept_layer_kernel));
+  m.def(
+      "sdnq_stored_layout(bool matmul, int out_features, int in_features, int[] weight_shape, "
+      "int[] scale_shape) -> (int group_size, bool transposed)",
+      TORCH_FN(stored_layout_kernel));
   m.def(
       "sdnq_linear_path(int[] layout, ScalarType scale_dtype, Device device, int rows=4096) "
       "-> (str path, str why)",
