@@ -388,7 +388,7 @@ std::vector<std::vector<int>> collect_replaced(OffloadState& s,
       }
       bool kept_on_device = false;
       if (action != core::TensorAction::kStream && handle.device() == s.torch_device &&
-          s.kind == engine::DeviceKind::kCuda) {
+          !s.backend->memory_is_host) {
         s.setup.on_device_bytes += bytes;
         if (!kept_on_device_by_ddo(handle)) {
           if (from_file) stays_from_file.push_back(m);
@@ -837,7 +837,7 @@ void build_stream_runtime(OffloadState& s, const std::vector<UnitLayout>& units,
   const core::DynamicOffloadConfig& config = s.settings.config;
   auto t0 = Clock::now();
   auto rt = std::make_shared<StreamRuntime>();
-  rt->kind = s.kind;
+  rt->backend = s.backend;
   rt->execution_device = s.torch_device;
   rt->sticky_units =
       config.route == core::Route::kGroupBlock || config.route == core::Route::kGroupLeaf;
@@ -999,7 +999,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
 std::int64_t sdnq_temporary_bytes_per_value(const OffloadState& s) {
   constexpr std::int64_t kKernel = 2;      // bf16 / fp16 written once
   constexpr std::int64_t kReference = 10;  // float32 values and products, then the result
-  if (s.kind != engine::DeviceKind::kCuda || !s.inventory.has_sdnq_layers()) return kReference;
+  if (!s.backend->sdnq_kernels || !s.inventory.has_sdnq_layers()) return kReference;
   return sdnq::use_dequantize_kernel(s.torch_device.index()) ? kKernel : kReference;
 }
 

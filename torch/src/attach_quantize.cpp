@@ -214,7 +214,7 @@ void install_quantized_weights(OffloadState& s) {
     info->scale = entry.tensors[q.slot + 1].tensor;
     info->layout_code = q.layout_code;
     info->dense = q.host;
-    info->kind = s.kind;
+    info->backend = s.backend;
     info->execution_device = s.torch_device;
     info->name = q.name;
     auto* record = new ManagedWeight{s.runtime.get(), -1, 0, s.runtime};

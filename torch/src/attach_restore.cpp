@@ -122,7 +122,7 @@ struct RestoreChoice {
 at::Tensor tensor_back(const OffloadState& s, const ReplacedTensor& r, RestoreChoice choice,
                        CachedWeights* entry, bool* stays) {
   if (choice.setup_failed && r.from_file) return make_placeholder(r.sizes, r.handle.scalar_type());
-  if (choice.keep_residents && s.kind == engine::DeviceKind::kCuda &&
+  if (choice.keep_residents && !s.backend->memory_is_host &&
       (r.action == core::TensorAction::kResident || r.action == core::TensorAction::kMoveOnce) &&
       r.handle.device() == s.torch_device) {
     // Stays in its device chunk for the next attach, which finds it on the execution device and

@@ -17,6 +17,7 @@
 #include "ddo/engine/device.h"
 #include "ddo/torch/memory_probe.h"
 #include "attach_common.h"
+#include "backend.h"
 #include "offload_state.h"
 #include "weight_cache_internal.h"
 #include "weight_source.h"
@@ -87,13 +88,8 @@ void resolve_attach_settings(OffloadState& s, const OffloadOptions& options,
   config.execution_device = s.device_name;
   const bool plan_only = config.execution_mode == core::ExecutionMode::kPlan || !s.settings.enabled;
   s.executing = !plan_only;
-  if (device.type == core::DeviceType::kCuda) {
-    s.kind = engine::DeviceKind::kCuda;
-    s.torch_device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index));
-  } else {
-    s.kind = engine::DeviceKind::kSim;
-    s.torch_device = c10::Device(c10::kCPU);
-  }
+  s.backend = &backend_named(s.device_name);
+  s.torch_device = s.backend->torch_device(device.index);
   DDO_CHECK(!(s.executing && s.device_name == "cpu"), Code::kInvalidArgument,
             "execution_device \"cpu\" is valid only in plan mode (execution_mode=plan); use "
             "\"cuda:N\" for a GPU or \"sim\" for the host simulation");
@@ -124,18 +120,14 @@ std::int64_t open_attach_device(OffloadState& s, const OffloadOptions& options) 
   std::int64_t total_vram = 0;
   if (s.executing) {
     s.device = options.device ? options.device : open_execution_device(s.device_name, config);
-    total_vram = s.device->memory().total_bytes;
-    if (s.kind == engine::DeviceKind::kSim) {
-      s.probe = make_sim_memory_probe(*s.device);
+    throw_if_error(s.backend->make_probe(*s.device, s.torch_device.index(), &s.probe));
+    total_vram = s.probe->snapshot().total_bytes;
+    if (s.backend->memory_is_host) {
       s.counting = std::make_unique<ScopedCountingCpuAllocator>(
           CountingCpuAllocatorOptions{.device = s.device.get()});
-    } else {
-      throw_if_error(make_cuda_memory_probe(s.torch_device.index(), &s.probe));
-      total_vram = s.probe->snapshot().total_bytes;
     }
-  } else if (s.kind == engine::DeviceKind::kSim) {
-    total_vram = static_cast<std::int64_t>(
-        (config.sim_device_capacity_gb > 0 ? config.sim_device_capacity_gb : 8.0) * core::kGiB);
+  } else if (s.backend->plan_total_bytes != nullptr) {
+    total_vram = s.backend->plan_total_bytes(config);
   }
   return capped_vram_bytes(total_vram, config);
 }

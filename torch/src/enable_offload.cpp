@@ -79,13 +79,7 @@ namespace internal {
 void mark_compute_stream(const OffloadState& s) {
   if (!s.runtime) return;
   time_all_copies(s, true);  // timeline() and calibration read every unit's copy and wait
-  engine::Stream stream = engine::kDefaultStream;
-  if (s.kind == engine::DeviceKind::kCuda) {
-    if (CurrentStreamFn fn = current_stream_fn(); fn != nullptr) {
-      stream = fn(s.runtime->execution_device.index());
-    }
-  }
-  s.runtime->scheduler->mark(stream);
+  s.runtime->scheduler->mark(s.backend->stream(s.runtime->execution_device.index()));
 }
 
 void time_all_copies(const OffloadState& s, bool on) {

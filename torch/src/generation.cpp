@@ -9,6 +9,7 @@
 #include "ddo/core/units.h"
 #include "ddo/engine/device.h"
 #include "ddo/torch/memory_probe.h"
+#include "backend.h"
 
 namespace ddo::adapter {
 namespace {
@@ -92,14 +93,9 @@ void GenerationMeter::open_probe(const Offload* offload) {
   }
   device_ = offload->device();
   const engine::DeviceCaps caps = device_->caps();
-  const bool sim = caps.kind == engine::DeviceKind::kSim;
-  device_name_ =
-      core::DeviceName{sim ? core::DeviceType::kSim : core::DeviceType::kCuda, caps.index}.str();
-  if (sim) {
-    probe_ = make_sim_memory_probe(*device_);
-  } else {
-    throw_if_error(make_cuda_memory_probe(caps.index, &probe_));
-  }
+  const internal::Backend& backend = internal::backend_for(caps.kind);
+  device_name_ = backend.device_name(caps.index);
+  throw_if_error(backend.make_probe(*device_, caps.index, &probe_));
   if (sampling) sampler_ = std::thread([this] { sample_loop(); });
 }
 

@@ -7,10 +7,11 @@
 // the op has been issued (the dynamic route) or keeps the group unit held until another one is
 // needed (the classic group routes).
 //
-//   at::Tensor mm_cpu(const at::Tensor& self, const at::Tensor& mat2) {
-//     if (!any_managed(self, mat2)) return at::cpu::mm(self, mat2);
-//     StageScope scope(engine::DeviceKind::kSim, "mm");
-//     return at::cpu::mm(scope.stage(self), scope.stage(mat2));
+//   template <class K>  // a backend's kernels (kernels.h)
+//   at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+//     if (!any_managed(self, mat2)) return K::mm(self, mat2);
+//     StageScope scope(K::backend(), "mm");
+//     return K::mm(scope.stage(self), scope.stage(mat2));
 //   }
 #pragma once
 
@@ -23,6 +24,7 @@
 #include <c10/core/Scalar.h>
 #include <c10/core/SymIntArrayRef.h>
 
+#include "backend.h"
 #include "managed_weight.h"
 
 namespace ddo::adapter::internal {
@@ -68,17 +70,11 @@ inline bool any_managed(const Ts&... tensors) {
   return ((managed_checked(tensors) != nullptr) | ...);
 }
 
-// The compute stream of a CUDA execution device; set by the CUDA-enabled part of the adapter.
-// The simulation's compute stream is the calling thread (kDefaultStream).
-using CurrentStreamFn = engine::Stream (*)(c10::DeviceIndex index);
-void set_current_stream_fn(CurrentStreamFn fn);
-CurrentStreamFn current_stream_fn();
-
 class StageScope {
  public:
-  // `kind`: the device kind whose dispatch key runs this kernel (CPU key: the simulation; CUDA
-  // key: a GPU). `op` names the op in errors.
-  StageScope(engine::DeviceKind kind, const char* op) : kind_(kind), op_(op) {}
+  // `backend`: the record whose dispatch key runs this kernel (CPU key: the simulation; CUDA
+  // key: a GPU); its compute stream orders the copies. `op` names the op in errors.
+  StageScope(const Backend& backend, const char* op) : backend_(&backend), op_(op) {}
   ~StageScope();
   StageScope(const StageScope&) = delete;
   StageScope& operator=(const StageScope&) = delete;
@@ -103,13 +99,13 @@ class StageScope {
   void* acquire(ManagedWeight* m, engine::Stream stream);
   // Throws: `m` may be trained, and this op runs with autograd enabled.
   void refuse_grad(const ManagedWeight& m) const;
-  // Throws unless this kernel's device kind is the offload's (`device` names it in the error).
-  void check_kind(engine::DeviceKind offload_kind, const c10::Device& device) const;
+  // Throws unless this kernel's backend is the offload's (`device` names it in the error).
+  void check_backend(const Backend* offload_backend, const c10::Device& device) const;
   // A placeholder of a quantized Linear weight read by an op other than a Linear's: its
   // quantized tensors staged and dequantized on the device, viewed as `t`.
   at::Tensor stage_dequantized(const at::Tensor& t, const QuantizedDense& q);
 
-  engine::DeviceKind kind_;
+  const Backend* backend_;
   const char* op_;
   void claim(StreamRuntime* rt);
 

@@ -43,7 +43,7 @@ bool reads_transposed_weight(const at::Tensor& mat, const QuantizedDense& q, boo
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> StageScope::stage_quantized(const QuantizedDense& q) {
-  check_kind(q.kind, q.execution_device);
+  check_backend(q.backend, q.execution_device);
   return {stage(q.packed), stage(q.scale)};
 }
 
@@ -54,9 +54,9 @@ at::Tensor StageScope::stage_dequantized(const at::Tensor& t, const QuantizedDen
   return dense.as_strided(t.sizes(), t.strides(), t.storage_offset());
 }
 
-at::Tensor quantized_linear(engine::DeviceKind kind, const char* op, const at::Tensor& input,
+at::Tensor quantized_linear(const Backend& backend, const char* op, const at::Tensor& input,
                             const QuantizedDense& q, const at::Tensor& bias) {
-  StageScope scope(kind, op);
+  StageScope scope(backend, op);
   auto [weight, scale] = scope.stage_quantized(q);
   std::optional<at::Tensor> staged_bias;
   if (bias.defined()) staged_bias = scope.stage(bias);
@@ -64,7 +64,7 @@ at::Tensor quantized_linear(engine::DeviceKind kind, const char* op, const at::T
                              std::nullopt, staged_bias, q.layout_code);
 }
 
-at::Tensor try_quantized_addmm(engine::DeviceKind kind, const at::Tensor& self,
+at::Tensor try_quantized_addmm(const Backend& backend, const at::Tensor& self,
                                const at::Tensor& mat1, const at::Tensor& mat2,
                                const c10::Scalar& beta, const c10::Scalar& alpha) {
   const QuantizedDense* q = quantized_of(mat2);
@@ -75,17 +75,17 @@ at::Tensor try_quantized_addmm(engine::DeviceKind kind, const at::Tensor& self,
       self.size(0) != q->dense.size(0)) {
     return {};
   }
-  return quantized_linear(kind, "addmm", mat1, *q, self);
+  return quantized_linear(backend, "addmm", mat1, *q, self);
 }
 
-at::Tensor try_quantized_matmul(engine::DeviceKind kind, bool batched, const at::Tensor& self,
+at::Tensor try_quantized_matmul(const Backend& backend, bool batched, const at::Tensor& self,
                                 const at::Tensor& mat2) {
   const QuantizedDense* q = quantized_of(mat2);
   if (q == nullptr || quantized_of(self) != nullptr ||
       !reads_transposed_weight(mat2, *q, batched) || self.scalar_type() != q->dense.scalar_type()) {
     return {};
   }
-  return quantized_linear(kind, batched ? "bmm" : "mm", self, *q, at::Tensor());
+  return quantized_linear(backend, batched ? "bmm" : "mm", self, *q, at::Tensor());
 }
 
 void requantize(const QuantizedDense& q) {

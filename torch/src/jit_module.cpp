@@ -13,7 +13,7 @@
 // - Ops. The interpreter calls aten ops through the dispatcher, so ddo's kernels serve it. The
 //   one difference: torch.jit.trace records a Conv's call as aten::_convolution (the op that
 //   aten::convolution forwards to), not aten::convolution, so the interception covers
-//   aten::_convolution too (intercept_conv.cpp); Linear is recorded as aten::linear, which
+//   aten::_convolution too (intercept_conv.h); Linear is recorded as aten::linear, which
 //   reaches aten::addmm / aten::mm as in eager mode.
 // - Kinds. A jit type has no C++ class to dynamic_cast and no Python base classes, only its
 //   qualified name: "__torch__." + the Python module path + the class. torch.nn's Linear, Conv

@@ -3,6 +3,8 @@
 // quantized-matmul type runs there (quantized_matmul.h) for a full-size bfloat16 layer.
 #include <string>
 
+#include "backend.h"
+#include "ddo/core/device_name.h"
 #include "ddo/sdnq/kernel_status.h"
 #include "ddo/sdnq/quantized_matmul.h"
 #include "offload_state.h"
@@ -12,10 +14,12 @@ namespace ddo::adapter::internal {
 nlohmann::json kernels_report(const std::string& device_name) {
   nlohmann::json out = nlohmann::json::object();
   // normalize_device_name gave the canonical name (core::DeviceName).
-  const bool cuda = device_name.rfind("cuda:", 0) == 0;
-  const c10::Device device = cuda ? c10::Device(device_name) : c10::Device(c10::kCPU);
+  core::DeviceName name;
+  throw_if_error(core::parse_device_name("device", device_name, &name));
+  const Backend& backend = backend_named(device_name);
+  const c10::Device device = backend.torch_device(name.index);
   sdnq::KernelStatus dequantize;
-  if (cuda) {
+  if (backend.sdnq_kernels) {
     dequantize = sdnq::dequantize_kernel_status(device.index());
   } else {
     dequantize = {sdnq::KernelPath::kReference,

@@ -1,80 +1,48 @@
-// The interception kernels (internal): one set per op family, registered by register_ops.cpp.
+// The interception kernels (internal): one template per intercepted op over a backend's kernel
+// traits K, and the one list that registers them.
 //
-// `*_cpu` run on the CPU dispatch key (execution on the "sim" device: every tensor is a CPU
-// tensor), `*_cuda` on the CUDA key (execution on a GPU: the input is a CUDA tensor and the
-// managed weight a CPU tensor, so the union of their keys dispatches to CUDA). Each one calls the
-// original kernel directly when no argument is managed. See docs/design/0001-interception.md.
+// A backend (backend_sim.cpp, backend_cuda.cpp) supplies K: K::backend(), its record, and the
+// ATen kernels of its dispatch key the interception replaces, which the matmul kernels call
+// directly (K::addmm, K::mm, K::bmm; the other ops' originals are composite or libddo_sdnq
+// kernels every key shares). The record's register_kernels is register_interception_kernels<K>,
+// and register_ops.cpp calls it for every record, on libraries of the record's dispatch key. So
+// each kernel is written once, the record it serves is a constant of its instantiation (no lookup
+// per op), and a new kind of device writes K and its record and edits nothing here. Each kernel
+// calls the original directly when no argument is managed. See docs/design/0001-interception.md.
+//
+//   struct SimKernels {
+//     static const Backend& backend() { return kSimBackend; }
+//     static at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1,
+//                             const at::Tensor& mat2, const c10::Scalar& beta,
+//                             const c10::Scalar& alpha) {
+//       return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+//     }
+//     // mm, bmm alike
+//   };
+//   // in kSimBackend: .register_kernels = &register_interception_kernels<SimKernels>
 #pragma once
 
-#include <cstdint>
-#include <optional>
+#include <torch/library.h>
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/Scalar.h>
+#include "intercept_conv.h"
+#include "intercept_embedding.h"
+#include "intercept_matmul.h"
+#include "intercept_sdnq.h"
 
-namespace ddo::adapter::internal::kernels {
+namespace ddo::adapter::internal {
 
-// intercept_matmul.cpp
-at::Tensor addmm_cpu(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                     const c10::Scalar& beta, const c10::Scalar& alpha);
-at::Tensor mm_cpu(const at::Tensor& self, const at::Tensor& mat2);
-at::Tensor bmm_cpu(const at::Tensor& self, const at::Tensor& mat2);
+// Registers every interception kernel, instantiated for K: ATen's ops on `aten`, libddo_sdnq's
+// (over its own plain kernels) on `ddo`.
+template <class K>
+void register_interception_kernels(torch::Library& aten, torch::Library& ddo) {
+  aten.impl("addmm", TORCH_FN(kernels::addmm<K>));
+  aten.impl("mm", TORCH_FN(kernels::mm<K>));
+  aten.impl("bmm", TORCH_FN(kernels::bmm<K>));
+  aten.impl("convolution", TORCH_FN(kernels::convolution<K>));
+  aten.impl("_convolution", TORCH_FN(kernels::underscore_convolution<K>));
+  aten.impl("embedding", TORCH_FN(kernels::embedding<K>));
+  ddo.impl("sdnq_linear", TORCH_FN(kernels::sdnq_linear<K>));
+  ddo.impl("sdnq_dequantize", TORCH_FN(kernels::sdnq_dequantize<K>));
+}
 
-// intercept_conv.cpp
-at::Tensor convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
-                           const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                           at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
-                           at::IntArrayRef output_padding, int64_t groups);
-// aten::_convolution, which traced TorchScript models call directly.
-at::Tensor underscore_convolution_cpu(const at::Tensor& input, const at::Tensor& weight,
-                                      const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                      at::IntArrayRef padding, at::IntArrayRef dilation,
-                                      bool transposed, at::IntArrayRef output_padding,
-                                      int64_t groups, bool benchmark, bool deterministic,
-                                      bool cudnn_enabled, bool allow_tf32);
-
-// intercept_embedding.cpp
-at::Tensor embedding_cpu(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
-                         bool scale_grad_by_freq, bool sparse);
-
-// ddo::sdnq_linear / ddo::sdnq_dequantize (intercept_sdnq.cpp).
-at::Tensor sdnq_linear_cpu(const at::Tensor& input, const at::Tensor& weight,
-                           const at::Tensor& scale, const std::optional<at::Tensor>& zero_point,
-                           const std::optional<at::Tensor>& svd_up,
-                           const std::optional<at::Tensor>& svd_down,
-                           const std::optional<at::Tensor>& bias, at::IntArrayRef layout);
-at::Tensor sdnq_dequantize_cpu(const at::Tensor& weight, const at::Tensor& scale,
-                               const std::optional<at::Tensor>& zero_point,
-                               const std::optional<at::Tensor>& svd_up,
-                               const std::optional<at::Tensor>& svd_down, at::IntArrayRef layout);
-
-#ifdef DDO_HAVE_CUDA
-at::Tensor addmm_cuda(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                      const c10::Scalar& beta, const c10::Scalar& alpha);
-at::Tensor mm_cuda(const at::Tensor& self, const at::Tensor& mat2);
-at::Tensor bmm_cuda(const at::Tensor& self, const at::Tensor& mat2);
-at::Tensor convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                            at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
-                            at::IntArrayRef output_padding, int64_t groups);
-at::Tensor underscore_convolution_cuda(const at::Tensor& input, const at::Tensor& weight,
-                                       const std::optional<at::Tensor>& bias,
-                                       at::IntArrayRef stride, at::IntArrayRef padding,
-                                       at::IntArrayRef dilation, bool transposed,
-                                       at::IntArrayRef output_padding, int64_t groups,
-                                       bool benchmark, bool deterministic, bool cudnn_enabled,
-                                       bool allow_tf32);
-at::Tensor embedding_cuda(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx,
-                          bool scale_grad_by_freq, bool sparse);
-at::Tensor sdnq_linear_cuda(const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& scale, const std::optional<at::Tensor>& zero_point,
-                            const std::optional<at::Tensor>& svd_up,
-                            const std::optional<at::Tensor>& svd_down,
-                            const std::optional<at::Tensor>& bias, at::IntArrayRef layout);
-at::Tensor sdnq_dequantize_cuda(const at::Tensor& weight, const at::Tensor& scale,
-                                const std::optional<at::Tensor>& zero_point,
-                                const std::optional<at::Tensor>& svd_up,
-                                const std::optional<at::Tensor>& svd_down, at::IntArrayRef layout);
-#endif
-
-}  // namespace ddo::adapter::internal::kernels
+}  // namespace ddo::adapter::internal

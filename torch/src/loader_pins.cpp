@@ -229,10 +229,8 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
 
   const auto start = std::chrono::steady_clock::now();
   // The plan the attach would make without a profile (Note [Loader pins]): its pins.
-  const bool cuda = device->caps().kind == engine::DeviceKind::kCuda;
   const c10::Device torch_device =
-      cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device->caps().index))
-           : c10::Device(c10::kCPU);
+      internal::backend_for(device->caps().kind).torch_device(device->caps().index);
   core::PlanContext ctx;
   ctx.total_vram_bytes = internal::capped_vram_bytes(device->memory().total_bytes, config);
   ctx.available_ram_bytes = settings.available_ram_bytes();

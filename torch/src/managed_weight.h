@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "backend.h"
 #include "ddo/engine/copy_scheduler.h"
 #include "ddo/engine/device.h"
 #include "ddo/engine/host_slab.h"
@@ -44,7 +45,7 @@ struct QuantizedDense;  // quantized_dense.h
 struct StreamRuntime {
   // Hot fields.
   engine::CopyScheduler* scheduler = nullptr;
-  engine::DeviceKind kind = engine::DeviceKind::kSim;
+  const Backend* backend = &kSimBackend;  // the execution device's kind
   c10::Device execution_device = c10::Device(c10::kCPU);
   // Classic group routes: a unit stays acquired until another unit is needed (one group on the
   // device at a time, like the classic group offload); the dynamic route releases after each op.

@@ -101,7 +101,8 @@ core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& exe
   core::ModelInventory inv;
   inv.model_class = tree.model_class;
   inv.modules.reserve(tree.entries.size());
-  const bool cuda = execution_device.is_cuda();
+  // A device apart from the host's memory: a tensor may already be on it, and pinning matters.
+  const bool apart = !execution_device.is_cpu();
   for (const ModuleEntry& entry : tree.entries) {
     core::ModuleInfo info;
     info.name = entry.name;
@@ -116,12 +117,12 @@ core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& exe
       ti.dtype = dtype_name(t.scalar_type());
       ti.bytes = static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
       ti.is_parameter = slot.is_parameter;
-      ti.on_device = cuda && t.device() == execution_device;
+      ti.on_device = apart && t.device() == execution_device;
       // The deferred loader's pins are known by their storage (Note [Loader pins]), on any
-      // device; asking another CPU tensor whether it is pinned touches the CUDA hooks, only worth
-      // it on CUDA.
+      // device; asking another CPU tensor whether it is pinned touches the device's hooks, only
+      // worth it for a device apart from the host.
       ti.already_pinned =
-          internal::is_pinned_loader_tensor(t) || (cuda && t.device().is_cpu() && t.is_pinned());
+          internal::is_pinned_loader_tensor(t) || (apart && t.device().is_cpu() && t.is_pinned());
       if (entry.kind == core::ModuleKind::kSdnq) ti.sdnq_role = core::sdnq_role_for_name(slot.name);
       info.tensors.push_back(std::move(ti));
     }

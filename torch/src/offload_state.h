@@ -116,7 +116,7 @@ struct OffloadState {
   core::ModelInventory inventory;
   core::Plan plan;
   std::string device_name;  // "sim:0", "cuda:0", "cpu"
-  engine::DeviceKind kind = engine::DeviceKind::kSim;
+  const Backend* backend = &kSimBackend;  // the record of device_name's kind ("cpu": the sim's)
   c10::Device torch_device = c10::Device(c10::kCPU);  // where staged/resident tensors live
   bool executing = false;                             // false: plan mode or disabled
 

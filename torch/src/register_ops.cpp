@@ -7,18 +7,16 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <ATen/ops/from_blob.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
-#ifdef DDO_HAVE_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
 
+#include "backend.h"
 #include "host_tensor.h"
 #include "intercept_common.h"
-#include "kernels.h"
 #include "quantized_dense.h"
 #include "ddo/torch/interception.h"
 #include "registration.h"
@@ -50,7 +48,6 @@ void StreamRuntime::release_held() {
 
 namespace {
 std::atomic<StageObserver> g_stage_observer{nullptr};
-std::atomic<CurrentStreamFn> g_current_stream{nullptr};
 }  // namespace
 
 void set_stage_observer(StageObserver observer) {
@@ -58,12 +55,6 @@ void set_stage_observer(StageObserver observer) {
 }
 StageObserver stage_observer() {
   return g_stage_observer.load(std::memory_order_relaxed);
-}
-void set_current_stream_fn(CurrentStreamFn fn) {
-  g_current_stream.store(fn);
-}
-CurrentStreamFn current_stream_fn() {
-  return g_current_stream.load(std::memory_order_relaxed);
 }
 
 // --- weights changed in place (Note [Weights changed in place] in intercept_common.h) ---------
@@ -150,10 +141,9 @@ void* StageScope::acquire(ManagedWeight* m, engine::Stream stream) {
   return base;
 }
 
-void StageScope::check_kind(engine::DeviceKind offload_kind, const c10::Device& device) const {
-  TORCH_CHECK(offload_kind == kind_, "ddo: ", op_, " reads a weight that ddo streams to ",
-              device.str(), ", but its other inputs are on ",
-              kind_ == engine::DeviceKind::kCuda ? "a CUDA device" : "the CPU",
+void StageScope::check_backend(const Backend* offload_backend, const c10::Device& device) const {
+  TORCH_CHECK(offload_backend == backend_, "ddo: ", op_, " reads a weight that ddo streams to ",
+              device.str(), ", but its other inputs are on ", backend_->inputs_on,
               "; move the inputs to ", device.str(), " (the offload's execution device)");
 }
 
@@ -176,14 +166,9 @@ at::Tensor StageScope::stage(const at::Tensor& t) {
   if (m == nullptr) return t;
   if (C10_UNLIKELY(m->quant != nullptr)) return stage_dequantized(t, *m->quant);
   StreamRuntime* rt = m->runtime;
-  check_kind(rt->kind, rt->execution_device);
+  check_backend(rt->backend, rt->execution_device);
   if (C10_UNLIKELY(m->trainable_index >= 0) && at::GradMode::is_enabled()) refuse_grad(*m);
-  engine::Stream stream = engine::kDefaultStream;
-  if (kind_ == engine::DeviceKind::kCuda) {
-    CurrentStreamFn fn = current_stream_fn();
-    if (fn != nullptr) stream = fn(rt->execution_device.index());
-  }
-  char* base = static_cast<char*>(acquire(m, stream));
+  char* base = static_cast<char*>(acquire(m, backend_->stream(rt->execution_device.index())));
   if (!counted_) {
     ++rt->intercepted_ops;
     counted_ = true;
@@ -221,12 +206,6 @@ StageScope::~StageScope() {
 
 namespace {
 
-#ifdef DDO_HAVE_CUDA
-engine::Stream cuda_current_stream(c10::DeviceIndex index) {
-  return static_cast<engine::Stream>(c10::cuda::getCurrentCUDAStream(index).stream());
-}
-#endif
-
 // Drops the one warning that registering over a backend kernel always prints; forwards the rest.
 class DropOverrideWarning : public c10::WarningHandler {
  public:
@@ -242,48 +221,32 @@ class DropOverrideWarning : public c10::WarningHandler {
   c10::WarningHandler* previous_;
 };
 
-struct Libraries {
-  std::unique_ptr<torch::Library> cpu;
-  std::unique_ptr<torch::Library> cuda;
-  std::unique_ptr<torch::Library> ddo_cpu;  // over libddo_sdnq's own kernels
-  std::unique_ptr<torch::Library> ddo_cuda;
+// The libraries of one backend record's dispatch key.
+struct BackendLibraries {
+  std::unique_ptr<torch::Library> aten;
+  std::unique_ptr<torch::Library> ddo;  // over libddo_sdnq's own kernels
 };
+using Libraries = std::vector<BackendLibraries>;
 
 std::mutex g_registration_mutex;  // guards g_libraries and g_refs
 Libraries* g_libraries = nullptr;
 int g_refs = 0;
 
+// Every record with kernels in this build (the simulation's on the CPU key, CUDA's on the CUDA
+// key, a test's stub on its own) gets its instantiation of the kernels (kernels.h).
 Libraries* register_kernels() {
   auto* libs = new Libraries;
   DropOverrideWarning filter(c10::WarningUtils::get_warning_handler());
   c10::WarningUtils::WarningHandlerGuard guard(&filter);
-  libs->cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CPU,
-                                               __FILE__, __LINE__);
-  libs->cpu->impl("addmm", TORCH_FN(kernels::addmm_cpu));
-  libs->cpu->impl("mm", TORCH_FN(kernels::mm_cpu));
-  libs->cpu->impl("bmm", TORCH_FN(kernels::bmm_cpu));
-  libs->cpu->impl("convolution", TORCH_FN(kernels::convolution_cpu));
-  libs->cpu->impl("_convolution", TORCH_FN(kernels::underscore_convolution_cpu));
-  libs->cpu->impl("embedding", TORCH_FN(kernels::embedding_cpu));
-  libs->ddo_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo",
-                                                   c10::DispatchKey::CPU, __FILE__, __LINE__);
-  libs->ddo_cpu->impl("sdnq_linear", TORCH_FN(kernels::sdnq_linear_cpu));
-  libs->ddo_cpu->impl("sdnq_dequantize", TORCH_FN(kernels::sdnq_dequantize_cpu));
-#ifdef DDO_HAVE_CUDA
-  set_current_stream_fn(&cuda_current_stream);
-  libs->cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                                c10::DispatchKey::CUDA, __FILE__, __LINE__);
-  libs->cuda->impl("addmm", TORCH_FN(kernels::addmm_cuda));
-  libs->cuda->impl("mm", TORCH_FN(kernels::mm_cuda));
-  libs->cuda->impl("bmm", TORCH_FN(kernels::bmm_cuda));
-  libs->cuda->impl("convolution", TORCH_FN(kernels::convolution_cuda));
-  libs->cuda->impl("_convolution", TORCH_FN(kernels::underscore_convolution_cuda));
-  libs->cuda->impl("embedding", TORCH_FN(kernels::embedding_cuda));
-  libs->ddo_cuda = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo",
-                                                    c10::DispatchKey::CUDA, __FILE__, __LINE__);
-  libs->ddo_cuda->impl("sdnq_linear", TORCH_FN(kernels::sdnq_linear_cuda));
-  libs->ddo_cuda->impl("sdnq_dequantize", TORCH_FN(kernels::sdnq_dequantize_cuda));
-#endif
+  for (const Backend* backend : backends()) {
+    if (backend->register_kernels == nullptr) continue;
+    BackendLibraries& l = libs->emplace_back();
+    l.aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", backend->dispatch_key,
+                                              __FILE__, __LINE__);
+    l.ddo = std::make_unique<torch::Library>(torch::Library::IMPL, "ddo", backend->dispatch_key,
+                                             __FILE__, __LINE__);
+    backend->register_kernels(*l.aten, *l.ddo);
+  }
   return libs;
 }
 

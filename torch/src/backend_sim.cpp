@@ -1,0 +1,79 @@
+// The simulation's backend record: "sim:N", a capacity-limited host arena (engine's
+// sim_device.cpp) whose tensors are CPU tensors, so its interception kernels serve the CPU
+// dispatch key and compute with the CPU's kernels on the calling thread.
+#include <algorithm>
+
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+
+#include "backend.h"
+#include "ddo/core/config.h"
+#include "ddo/core/units.h"
+#include "ddo/torch/memory_probe.h"
+#include "kernels.h"
+
+namespace ddo::adapter::internal {
+namespace {
+
+struct SimKernels {
+  static const Backend& backend() { return kSimBackend; }
+  static at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                          const c10::Scalar& beta, const c10::Scalar& alpha) {
+    return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+  }
+  static at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+    return at::cpu::mm(self, mat2);
+  }
+  static at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
+    return at::cpu::bmm(self, mat2);
+  }
+};
+
+std::shared_ptr<engine::Device> open_sim(int index, const core::DynamicOffloadConfig& config) {
+  engine::SimDeviceOptions o;
+  o.index = index;
+  if (config.sim_device_capacity_gb > 0) {
+    o.capacity_bytes = static_cast<std::int64_t>(config.sim_device_capacity_gb * core::kGiB);
+  }
+  if (config.vram_cap_gb > 0) {
+    o.capacity_bytes =
+        std::min(o.capacity_bytes, static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB));
+  }
+  o.pinnable_bytes = config.sim_pinnable_gb < 0
+                         ? -1
+                         : static_cast<std::int64_t>(config.sim_pinnable_gb * core::kGiB);
+  o.copy_bytes_per_second = config.sim_copy_gbps * 1e9;
+  return std::shared_ptr<engine::Device>(engine::make_sim_device(o));
+}
+
+Status make_sim_probe(engine::Device& device, int /*index*/, std::unique_ptr<MemoryProbe>* out) {
+  *out = make_sim_memory_probe(device);
+  return Status::ok_status();
+}
+
+// Plan mode opens nothing: the card is the one a run would simulate.
+std::int64_t sim_plan_total_bytes(const core::DynamicOffloadConfig& config) {
+  return static_cast<std::int64_t>(
+      (config.sim_device_capacity_gb > 0 ? config.sim_device_capacity_gb : 8.0) * core::kGiB);
+}
+
+}  // namespace
+
+const Backend kSimBackend{
+    .kind = engine::DeviceKind::kSim,
+    .name = "sim",
+    .title = "simulation",
+    .inputs_on = "the CPU",
+    .torch_type = c10::DeviceType::CPU,
+    .dispatch_key = c10::DispatchKey::CPU,
+    .memory_is_host = true,
+    .sdnq_kernels = false,
+    .current_stream = nullptr,
+    .open = &open_sim,
+    .make_probe = &make_sim_probe,
+    .plan_total_bytes = &sim_plan_total_bytes,
+    .register_kernels = &register_interception_kernels<SimKernels>,
+};
+
+}  // namespace ddo::adapter::internal
