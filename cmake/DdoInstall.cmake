@@ -4,10 +4,11 @@
 #   cmake --install build --prefix /opt/ddo
 #   # a consumer's CMakeLists.txt, configured with -DCMAKE_PREFIX_PATH="/opt/ddo;<torch's prefix>":
 #   find_package(ddo REQUIRED)                     # finds Torch (and ddo's other dependencies) too
-#   target_link_libraries(app PRIVATE ddo::torch)  # ddo::core and ddo::engine for no torch
+#   target_link_libraries(app PRIVATE ddo::torch)  # ddo::core for settings and profiles alone
 #
 # Layout under the prefix (GNUInstallDirs):
-#   include/ddo/{core,engine,sdnq,torch}/...       the public headers
+#   include/ddo/{core,torch}/...                   the API: cmake/public-headers.txt
+#                                                  (Note [Installed headers])
 #   lib/libddo_core.so                             shared: one copy of core's process-wide state
 #                                                  (Note [One core per process]; libddo_core.a
 #                                                  without torch and on Windows)
@@ -20,7 +21,8 @@
 #
 # Imported targets: ddo::core, ddo::engine and, in a torch build, ddo::sdnq and ddo::torch. They
 # carry their include folder, compile definitions and dependencies; the same names exist inside
-# this tree (ALIAS targets) for a project that adds ddo with add_subdirectory.
+# this tree (ALIAS targets) for a project that adds ddo with add_subdirectory. ddo::engine and
+# ddo::sdnq install no headers: they are what ddo::torch links.
 #
 # See Note [Installed RPATH] and Note [Installed libstdc++] below. Included once, from the
 # top-level CMakeLists.txt, after every library's subdirectory (it reads their targets) and
@@ -106,15 +108,37 @@ install(TARGETS ${_ddo_export_targets} EXPORT ddoTargets
   INCLUDES DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(TARGETS ddo RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}" COMPONENT runtime)
 
-set(_ddo_header_layers core engine)
-if(DDO_WITH_TORCH)
-  list(APPEND _ddo_header_layers sdnq torch)
-endif()
-foreach(layer IN LISTS _ddo_header_layers)
-  install(DIRECTORY "${PROJECT_SOURCE_DIR}/${layer}/include/"
-    DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT devel
-    FILES_MATCHING PATTERN "*.h")
+# Note [Installed headers]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# An installed header is a promise: a user may include it, and ddo keeps it working across
+# releases of the same minor version. So only the API is installed: the headers a user includes
+# (enable_offload.h, profile_run.h, pipeline_offload.h, loader.h, generation.h) and exactly the
+# ddo headers they include, listed once in cmake/public-headers.txt (DDO_PUBLIC_HEADERS; also the
+# input of scripts/docs.sh). The rest (file locks, the checkpoint reader, the memory probe, the
+# engine's and SDNQ's headers, ...) stays in the build tree, where ddo's own targets and tests
+# include it. scripts/consumer-test.sh checks the installed tree against the list and that the
+# list includes nothing outside itself.
+file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/public-headers.txt" DDO_PUBLIC_HEADERS REGEX "^[^#]")
+set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+  "${CMAKE_CURRENT_LIST_DIR}/public-headers.txt")
+foreach(header IN LISTS DDO_PUBLIC_HEADERS)
+  if(NOT header MATCHES "^(core|engine|sdnq|torch)/include/(ddo/.+)/[^/]+\\.h$")
+    message(FATAL_ERROR "cmake/public-headers.txt: '${header}' is not a header under "
+      "<layer>/include/ddo/ (core, engine, sdnq, torch)")
+  endif()
+  set(_ddo_layer "${CMAKE_MATCH_1}")
+  set(_ddo_subdir "${CMAKE_MATCH_2}")
+  if(NOT EXISTS "${PROJECT_SOURCE_DIR}/${header}")
+    message(FATAL_ERROR "cmake/public-headers.txt lists ${header}, which does not exist")
+  endif()
+  if(NOT TARGET ddo_${_ddo_layer})  # sdnq and torch in a build without torch
+    continue()
+  endif()
+  install(FILES "${PROJECT_SOURCE_DIR}/${header}"
+    DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/${_ddo_subdir}" COMPONENT devel)
 endforeach()
+unset(_ddo_layer)
+unset(_ddo_subdir)
 
 install(EXPORT ddoTargets NAMESPACE ddo:: DESTINATION "${DDO_INSTALL_CMAKEDIR}" COMPONENT devel)
 

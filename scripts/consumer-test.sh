@@ -2,8 +2,9 @@
 # ddo as a C++ user gets it: installs ddo from an existing build folder into a temporary prefix,
 # then builds and runs, against that prefix only, the out-of-tree project examples/cpp/consumer/
 # (find_package(ddo) + ddo::torch) and a core-only program through pkg-config (ddo.pc). Fails
-# when a file is missing from the install, the consumer does not configure, build or run, or its
-# offloaded output differs from the plain forward.
+# when a file is missing from the install, the installed headers are not exactly
+# cmake/public-headers.txt (or one includes a ddo header that is not installed), the consumer
+# does not configure, build or run, or its offloaded output differs from the plain forward.
 #
 #   bash scripts/consumer-test.sh                 # installs from build/ (after scripts/test.sh)
 #   DDO_BUILD=build-other bash scripts/consumer-test.sh
@@ -34,7 +35,7 @@ cmake --install "$DDO_BUILD" --prefix "$prefix" >"$work/install.log"
 libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:[A-Z]*=//p' "$DDO_BUILD/CMakeCache.txt")
 libdir=${libdir:-lib}
 missing=0
-for f in include/ddo/core/settings.h include/ddo/engine/device.h include/ddo/sdnq/linear.h \
+for f in include/ddo/core/settings.h include/ddo/core/presets.h \
   include/ddo/torch/enable_offload.h \
   "$libdir/libddo_core.so" "$libdir/libddo_engine.a" "$libdir/libddo_sdnq.so" \
   "$libdir/libddo_torch.so" "$libdir/cmake/ddo/ddoConfig.cmake" \
@@ -46,7 +47,32 @@ for f in include/ddo/core/settings.h include/ddo/engine/device.h include/ddo/sdn
   fi
 done
 [ "$missing" = 0 ] || exit 1
-# The FLUX test model lives in the build-only ddo_torch_testing target, not in what users link.
+# The installed include tree is exactly cmake/public-headers.txt (Note [Installed headers] in
+# cmake/DdoInstall.cmake): an internal header installed again fails here, and so does a listed
+# header that includes a ddo header the list lacks.
+sed -n 's|^[a-z]*/include/\(ddo/.*\.h\)$|include/\1|p' "$DDO_ROOT/cmake/public-headers.txt" |
+  sort >"$work/headers-expected.txt"
+(cd "$prefix" && find include -type f -o -type l) | sort >"$work/headers-installed.txt"
+if ! diff -u "$work/headers-expected.txt" "$work/headers-installed.txt" >"$work/headers.diff"; then
+  echo "consumer-test: the installed headers differ from cmake/public-headers.txt" \
+    "(-: listed, not installed; +: installed, not listed):" >&2
+  tail -n +3 "$work/headers.diff" | grep '^[-+]' >&2
+  exit 1
+fi
+unlisted=0
+while read -r header; do
+  for included in $(sed -n 's|^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]\(ddo/[^">]*\)[">].*|\1|p' \
+    "$prefix/$header"); do
+    if [ ! -e "$prefix/include/$included" ]; then
+      echo "consumer-test: the installed $header includes $included, which is not installed" \
+        "(add it to cmake/public-headers.txt, or include it from a source file)" >&2
+      unlisted=1
+    fi
+  done
+done <"$work/headers-installed.txt"
+[ "$unlisted" = 0 ] || exit 1
+echo "consumer-test: $(wc -l <"$work/headers-installed.txt") installed headers, as listed" >&2
+# The FLUX model (FluxDiT) lives in the build-only ddo_flux_dit target, not in what users link.
 if nm -DC "$prefix/$libdir/libddo_torch.so" | grep -q 'FluxDiT'; then
   echo "consumer-test: the installed libddo_torch.so carries the FluxDiT test model" >&2
   exit 1

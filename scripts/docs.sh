@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The C++ API reference: doxygen over the public headers (*/include/ddo/**.h) into
-# build-docs/html (index.html). Fails, listing them, on any doxygen warning, an undocumented
-# public name included (docs/api/Doxyfile).
+# The C++ API reference: doxygen over the installed headers (cmake/public-headers.txt, the list
+# `cmake --install` installs) into build-docs/html (index.html). Fails, listing them, on any
+# doxygen warning, an undocumented public name included (docs/api/Doxyfile).
 #
 #   bash scripts/docs.sh                    # DDO_DOCS_OUT=<folder> to write elsewhere
 set -euo pipefail
@@ -16,7 +16,9 @@ rm -rf "$out"
 mkdir -p "$out"
 version=$(sed -n 's/^project(ddo VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
 cd "$root"
-if ! DDO_DOCS_OUT="$out" DDO_VERSION="$version" doxygen docs/api/Doxyfile; then
+# The list's paths (relative to the root), one doxygen INPUT value.
+input=$(grep -v -e '^#' -e '^[[:space:]]*$' cmake/public-headers.txt | tr '\n' ' ')
+if ! DDO_DOCS_OUT="$out" DDO_VERSION="$version" DDO_DOCS_INPUT="$input" doxygen docs/api/Doxyfile; then
   echo "docs: doxygen failed; its warnings ($out/warnings.log):" >&2
   cat "$out/warnings.log" >&2
   exit 1
