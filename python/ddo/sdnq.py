@@ -88,7 +88,9 @@ def install_forward(module: nn.Module, code: list[int]) -> None:
     (``set_data``), so it always sees where the tensors live now. One op call per forward, no
     attribute lookups.
     """
-    op = torch.ops.ddo.sdnq_linear
+    # The overload itself: calling the packet resolves the overload on every call (about 5 us
+    # of host time per Linear, measured on the CPU).
+    op = torch.ops.ddo.sdnq_linear.default
     weight = module.weight
     scale = module.scale
     zero_point = getattr(module, "zero_point", None)
@@ -159,7 +161,7 @@ class QuantizedLinear(nn.Linear):
         self.weights_dtype = weights_dtype
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.ops.ddo.sdnq_linear(
+        return torch.ops.ddo.sdnq_linear.default(
             input, self.weight, self.scale, self.zero_point, self.svd_up, self.svd_down, self.bias,
             self.ddo_sdnq_layout,
         )
