@@ -209,6 +209,8 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
 
 // --- pipelines -----------------------------------------------------------------------------------
 
+struct PipelineComponent;
+
 /// Offload over the components of a pipeline with one settings object, routed by route_pipeline
 /// (pipeline_offload.h): each component takes settings.policy_for(name).route -- dynamic offload,
 /// classic group streaming (block or leaf), a plain device move, or nothing -- and all share one
@@ -225,8 +227,6 @@ std::shared_ptr<engine::Device> open_execution_device(const std::string& executi
 /// nlohmann::json report = pipe->profile_run([&] { video = generate(); });
 /// // report["components"]["transformer_2"]["status"] == "saved" on a calibration run
 /// ```
-struct PipelineComponent;
-
 class PipelineOffload {
  public:
   ~PipelineOffload();  ///< restores every component (remove())
