@@ -537,7 +537,7 @@ TEST_F(CalibrationTest, SaveFailureIsReportedAndReturned) {
   EXPECT_NE(report.error->find("DDO_PROFILE_DIR"), std::string::npos);
 }
 
-// Guards against: an unwritable profile directory was found only when the measured run had ended.
+// A profile directory that cannot be written is an error at setup, before the measured run.
 TEST_F(CalibrationTest, AnUnwritableProfileDirectoryFailsBeforeTheRun) {
   fs::create_directories(dir_.parent_path());
   std::ofstream(dir_) << "not a directory";
@@ -739,8 +739,8 @@ void expect_refused(const std::string& device, const std::string& words) {
   }
 }
 
-// Guards against: a root process creating (and locking) a file at the target of another user's
-// link planted at the lock's name.
+// A symbolic link at the lock's name is refused, and its target is never created or locked, even
+// by a root process.
 TEST(CalibrationRegionLockTest, ALinkAtTheLockNameIsRefusedAndItsTargetIsNeverCreated) {
   const std::string device = unique_cuda_device();
   const fs::path lock = CalibrationRegionLock::lock_file_for(device);
@@ -756,8 +756,8 @@ TEST(CalibrationRegionLockTest, ALinkAtTheLockNameIsRefusedAndItsTargetIsNeverCr
   ddo::testing::remove_tree(dir);
 }
 
-// Guards against: another user's file at the lock's name used as this user's lock, and a FIFO
-// or a directory there taken as a lock file.
+// Only a regular file of this user's is taken as the lock: another user's file, a FIFO or a
+// directory at the lock's name is refused.
 TEST(CalibrationRegionLockTest, AnotherUsersFileOrANonRegularFileIsRefused) {
   const std::string device = unique_cuda_device();
   const fs::path lock = CalibrationRegionLock::lock_file_for(device);

@@ -1,8 +1,8 @@
 // Hostile and damaged files in the profile directory: nesting deep enough to overflow
 // the stack, oversized files, FIFOs and directories where files belong, numbers out of range or
 // too large for 32 bits, backups of unreadable files, temporary files of killed writers, and a
-// profile directory that is a file or cannot be written. Each case was a crash, a hang, a silent
-// acceptance or a loss of data before its fix.
+// profile directory that is a file or cannot be written. Each case ends in an error or a warning
+// that names the file, never in a crash, a hang, a silent acceptance or a loss of data.
 #include <sys/stat.h>  // mkfifo (POSIX)
 #include <unistd.h>    // getpid, geteuid (MinGW-w64 has getpid only)
 
@@ -119,8 +119,8 @@ TEST(JsonBoundsTest, DepthScanSkipsStringsAndIsExactForValidJson) {
   EXPECT_NE(deep.message().find("nested 65 levels deep"), std::string::npos) << deep.message();
 }
 
-// Guards against: listing or loading this file overflowed the stack copying the document (the
-// process died, `ddo profiles list` included), so the user could not even find the file.
+// A profile nested 200,000 deep is listed as invalid and never overflows the stack: the process,
+// `ddo profiles list` included, survives and names the file so the user can find it.
 TEST_F(HostileFilesTest, ProfileNested200000DeepIsListedAsInvalidAndNeverCrashes) {
   const json profile = saved_profile();
   write_with_measurement(profile, nested_arrays(200000));
@@ -142,8 +142,8 @@ TEST_F(HostileFilesTest, ProfileNested200000DeepIsListedAsInvalidAndNeverCrashes
   EXPECT_FALSE(s.list()[0].problem.empty());
 }
 
-// Guards against: a 21 KB profile nested 10,000 deep was accepted and written back with two spaces
-// of indentation per level, 200 MB.
+// A 21 KB profile nested 10,000 deep is set aside, not accepted and rewritten with two spaces of
+// indentation per level (200 MB): the saved file stays under 64 KB.
 TEST_F(HostileFilesTest, DeeplyNestedProfileIsNotRewrittenAsAHugeFile) {
   write_with_measurement(saved_profile(), nested_arrays(10000));
   const std::string original = read_all(store().path_for(id_));
@@ -170,7 +170,7 @@ TEST_F(HostileFilesTest, OversizedFileIsInvalidAndKeptAsideOnSave) {
   EXPECT_TRUE(warned("is kept in")) << ::testing::PrintToString(warnings_);
 }
 
-// Guards against: reading a FIFO under a profile's name blocked forever (list, load and save hung).
+// A FIFO under a profile's name is named as such; list, load and save never block on it.
 // Windows has no FIFOs in the file system (scripts/windows-test.sh lists the exclusion).
 #ifndef _WIN32
 TEST_F(HostileFilesTest, FifoInPlaceOfAProfileIsNamedAndNeverBlocks) {
@@ -205,7 +205,8 @@ TEST_F(HostileFilesTest, DirectoryInPlaceOfAProfileIsNamed) {
 
 // --- numbers ---------------------------------------------------------------------------------
 
-// Guards against: 4294967297 read as a 32-bit int is 1, the current version.
+// A schema_version too large for 32 bits is rejected, never truncated: 4294967297 read as a
+// 32-bit int would be 1, the current version.
 TEST_F(HostileFilesTest, VersionsTooLargeFor32BitsAreRejected) {
   json profile = saved_profile();
   ProfileStore s = store();
@@ -227,8 +228,8 @@ TEST_F(HostileFilesTest, VersionsTooLargeFor32BitsAreRejected) {
       << s.list()[0].problem;
 }
 
-// Guards against: resident_budget_gb 1e308 was listed as a 309-digit number and failed later;
-// negative peaks, strings in number fields and huge capacity limits passed without a word.
+// Every number is range-checked when read, and the error names the field and its range:
+// resident_budget_gb 1e308, negative peaks, strings in number fields and huge capacity limits.
 TEST_F(HostileFilesTest, EveryNumberIsRangeCheckedAndTheErrorNamesFieldAndRange) {
   const json profile = saved_profile();
   ProfileStore s = store();
@@ -277,8 +278,8 @@ TEST_F(HostileFilesTest, EveryNumberIsRangeCheckedAndTheErrorNamesFieldAndRange)
 
 // --- backups and temporary files -------------------------------------------------------------
 
-// Guards against: the second unreadable file's backup overwrote the first, although the warning
-// said the old content was kept.
+// Every backup of an unreadable profile is kept under its own name (.invalid, .invalid-2, ...), as
+// the warning says: a later backup never overwrites an earlier one.
 TEST_F(HostileFilesTest, EveryBackupOfAnUnreadableProfileIsKept) {
   ProfileStore s = store();
   const fs::path path = s.path_for(id_);
@@ -298,7 +299,8 @@ TEST_F(HostileFilesTest, EveryBackupOfAnUnreadableProfileIsKept) {
   EXPECT_EQ(s.list().size(), 1u);  // backups are not listed as profiles
 }
 
-// Guards against: temporary files of killed writers stayed forever.
+// A save removes old temporary files of dead writers; those of live writers, recent ones and
+// files not ddo's are left alone.
 TEST_F(HostileFilesTest, StaleTemporaryFilesOfDeadWritersAreRemovedOnTheNextSave) {
   ProfileStore s = store();
   const std::string target = s.path_for(id_).filename().string();
@@ -333,8 +335,8 @@ TEST_F(HostileFilesTest, StaleTemporaryFilesOfDeadWritersAreRemovedOnTheNextSave
 
 // --- directories -----------------------------------------------------------------------------
 
-// Guards against: `ddo profiles list` with DDO_PROFILE_DIR naming a regular file said "no profiles"
-// and exited 0.
+// A DDO_PROFILE_DIR that names a regular file is an error when listing, never "no profiles" and
+// exit status 0.
 TEST_F(HostileFilesTest, ProfileDirectoryThatIsAFileIsAnErrorWhenListing) {
   const fs::path file = dir_ / "not-a-dir";
   write_all(file, "x");
@@ -383,7 +385,8 @@ class HostileContextTest : public HostileFilesTest {
   const json context_{{"model", "flux"}, {"gpu", "4090"}};
 };
 
-// Guards against: a caller's context 100,000 deep overflowed the stack while being normalized.
+// A caller's context nested deeper than 64 levels is rejected, naming the bound, before it can
+// overflow the stack while being normalized.
 TEST_F(HostileContextTest, DeepOrHugeContextsAreRejectedNamingTheBound) {
   const json deep = {{"x", json::parse(nested_arrays(2000))}};
   try {

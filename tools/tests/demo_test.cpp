@@ -38,9 +38,9 @@ class DemoTest : public ::testing::Test {
   fs::path home_;
 };
 
-// Guards against: the simulated card was 60% of the model, the saved budget held no block, and the
-// second run streamed exactly as much as the first; and the demo's profiles went to
-// ~/.ddo/profiles.
+// The demo's second run keeps some blocks resident and streams less than the calibration run, which
+// needs a simulated card large enough for the saved budget to hold a block (at 60% of the model it
+// holds none: Note [Demo card]); the demo's profiles go to their own folder, not ~/.ddo/profiles.
 TEST_F(DemoTest, SecondRunKeepsBlocksResidentStreamsLessAndSaysSo) {
   const std::string args = "demo --profile t --device sim --size small --steps 2";
   Result heading = run_ddo(env(), args + " --calibrate");

@@ -51,7 +51,8 @@ TEST_F(CliTest, UnknownCommandIsNamedWithTheChoices) {
   EXPECT_NE(r.output.find("'frobnicate'"), std::string::npos) << r.output;
 }
 
-// Guards against: "no profiles in ..." and exit status 0.
+// A profile directory that is a file is an error (nonzero exit), never "no profiles in ..." and
+// exit status 0.
 TEST_F(CliTest, ProfileDirectoryThatIsAFileIsAnError) {
   const fs::path file = dir_.path() / "file";
   std::ofstream(file) << "x";
@@ -60,7 +61,8 @@ TEST_F(CliTest, ProfileDirectoryThatIsAFileIsAnError) {
   EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
 }
 
-// Guards against: `--device sim:99999999999` said "stoi".
+// Device text is validated, and the message quotes the --device value instead of a parser's
+// name such as "stoi".
 TEST_F(CliTest, DeviceTextIsValidatedWithAClearMessage) {
   for (const char* device : {"sim:99999999999", "sim:-1", "sim:", "sim:1x", "gpu:0"}) {
     const Result r =
@@ -72,7 +74,8 @@ TEST_F(CliTest, DeviceTextIsValidatedWithAClearMessage) {
   }
 }
 
-// Guards against: a torch backtrace that did not mention the simulation.
+// Without a GPU, --device cuda:0 fails with a message that points to --device sim, not a torch
+// backtrace.
 TEST_F(CliTest, CudaWithoutAGpuSaysToUseSim) {
   if (engine::cuda_available()) GTEST_SKIP() << "a GPU is present";
   const Result r = run_ddo(profile_env(), "demo --profile t --size tiny --device cuda:0");
@@ -81,7 +84,7 @@ TEST_F(CliTest, CudaWithoutAGpuSaysToUseSim) {
   EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
 }
 
-// Guards against: the demo always ran the auto preset.
+// The demo takes its preset from DDO_PRESET, and --preset overrides it.
 TEST_F(CliTest, DemoTakesItsPresetFromDdoPresetUnlessOneIsPassed) {
   const std::string args = "demo --profile t --size tiny --device sim --steps 1 --json";
   Result r = run_ddo(profile_env() + " DDO_PRESET=low_ram_safe", args, /*with_stderr=*/false);

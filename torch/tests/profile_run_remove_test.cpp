@@ -42,8 +42,8 @@ OffloadOptions options(const TempDir& dir, bool calibrate) {
   return o;
 }
 
-// Guards against: the region ended normally and replaced the saved recommendation with one measured
-// on a half-removed model.
+// remove() inside a calibration region fails the region: the saved recommendation is never
+// replaced by one measured on a half-removed model.
 TEST(ProfileRunRemove, RemoveInsideACalibrationRegionSavesNothingAndSaysWhy) {
   torch::manual_seed(3);
   Model model;
