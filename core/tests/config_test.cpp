@@ -377,9 +377,9 @@ TEST(ConfigOverrides, RangeErrorsNameTheOverrideKeyAndClampsWarn) {
                           "override pin_weight_budget_ratio=-3 is outside [0, 1]; clamped to 0"});
 }
 
-// `--device sim:99999999999` (and execution_device="sim:99999999999" from Python) said
-// only "stoi": the adapter read the index with std::stoi. Every entry point now passes core's
-// check, which names the source, the text and the range.
+// A device index is checked by core at every entry point (`--device sim:99999999999`,
+// execution_device="sim:99999999999" from Python), and the error names the source, the text and
+// the range, never only "stoi".
 TEST(ConfigValidate, DeviceIndexIsCheckedNamingTheSourceAndTheRange) {
   for (const char* good : {"cuda", "cuda:0", "cuda:1023", "sim", "sim:00", "sim:7", "cpu"}) {
     EXPECT_TRUE(check_device_index("--device", good).ok()) << good;
@@ -405,8 +405,9 @@ TEST(ConfigValidate, DeviceIndexIsCheckedNamingTheSourceAndTheRange) {
   EXPECT_EQ(c.execution_device, "cuda:0");  // unchanged
 }
 
-// About 20,000 nested parentheses overflowed the stack inside std::regex and killed the
-// process. Each of these crashes without the limits (Note [Pattern limits]).
+// A deep or long pattern is an error, never a crash: about 20,000 nested parentheses overflow
+// the stack inside std::regex and kill the process, and each of these would crash without the
+// limits (Note [Pattern limits]).
 TEST(ConfigPatterns, DeepOrLongPatternsAreErrorsNotCrashes) {
   const std::string deep = std::string(20000, '(') + "a" + std::string(20000, ')');
   Status s = check_module_pattern("skip_modules_pattern", 0, deep);

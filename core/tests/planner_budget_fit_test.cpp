@@ -4,8 +4,8 @@
 // clamped to what is left, and the decision resident_budget_fit says so; a budget that fits, or a
 // card of unknown size, keeps the budget as given.
 //
-// Each test also checks a clamp, so each fails without the rule (before it, a 4 GiB budget on an
-// 8 GiB card with a FLUX-sized model was planned as 4 GiB and setup failed moving residents).
+// Each test also checks a clamp, so each fails without the rule (without it, a 4 GiB budget on an
+// 8 GiB card with a FLUX-sized model is planned as 4 GiB and setup fails moving residents).
 #include <cmath>
 #include <string>
 

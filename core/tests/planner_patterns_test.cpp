@@ -150,8 +150,9 @@ TEST(PlannerPatterns, InvalidRegexIsAnErrorNamingThePattern) {
   }
 }
 
-// The planner compiles patterns too, including block patterns inferred from module
-// names it never validated; a crash there killed the host. Both are errors now.
+// The planner compiles patterns too, including block patterns inferred from module names that
+// were never validated; a nested or huge pattern of either kind is an error, never a crash that
+// kills the host.
 TEST(PlannerPatterns, NestedOrHugePatternsAreErrorsNotCrashes) {
   DynamicOffloadConfig config = linear_config();
   config.skip_modules_pattern = {std::string(20000, '(') + std::string(20000, ')')};

@@ -195,8 +195,8 @@ TEST(Settings, RatioIsClamped) {
   EXPECT_EQ(load({{"DDO_PIN_WEIGHT_BUDGET_RATIO", "0.25"}}).config.pin_weight_budget_ratio, 0.25);
 }
 
-// Every number from the environment has a range, and an error names the variable, the
-// text and the range. Bytes typed as GiB used to become -2^63 bytes through an undefined cast.
+// Every number from the environment has a range, and an error names the variable, the text and
+// the range: bytes typed as GiB are an error, never -2^63 bytes through an undefined cast.
 TEST(Settings, NumbersOutOfRangeNameTheVariableAndTheRange) {
   expect_env_error({{"DDO_VRAM_CAP_GB", "16000000000"}},
                    "DDO_VRAM_CAP_GB=\"16000000000\" is out of range; use GiB in [0, 65536]");
@@ -223,7 +223,7 @@ TEST(Settings, NumbersOutOfRangeNameTheVariableAndTheRange) {
             512);
 }
 
-// A simulated copy rate of 1e-9 GB/s hung the first copy; 0 still means unthrottled.
+// A simulated copy rate has a floor (1e-9 GB/s would hang the first copy); 0 means unthrottled.
 TEST(Settings, SimulatedCopyRateHasAFloor) {
   expect_env_error({{"DDO_SIM_COPY_GBPS", "1e-9"}},
                    "DDO_SIM_COPY_GBPS=\"1e-9\" is out of range; use GB/s in [0.1, 10000] or 0 "

@@ -1,5 +1,5 @@
-// str_cat builds messages without iostreams (Note [No iostreams] in ddo/core/status.h) and must
-// read as the stream-based version did.
+// str_cat builds messages without iostreams (Note [No iostreams] in ddo/core/status.h) and reads
+// as an ostream insertion would.
 #include "ddo/core/status.h"
 
 #include <gtest/gtest.h>

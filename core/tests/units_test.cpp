@@ -19,8 +19,8 @@ TEST(Units, ConvertsAndRoundsToTheNearestByte) {
   EXPECT_EQ(bytes_to_mib(std::int64_t{1} << 19), 0.5);
 }
 
-// Bytes typed as GiB: 1.6e10 GiB is 1.7e19 bytes, beyond int64. The old cast made that
-// -9223372036854775808 (undefined behaviour); now it is no value at all.
+// Bytes typed as GiB: 1.6e10 GiB is 1.7e19 bytes, beyond int64, and converts to no value at all,
+// never to -9223372036854775808 through an out-of-range cast (undefined behaviour).
 TEST(Units, FiguresBeyondInt64AreNoValue) {
   EXPECT_FALSE(gib_to_bytes(16e9).has_value());
   EXPECT_FALSE(gib_to_bytes(8589934592.0).has_value());  // 2^33 GiB = 2^63 bytes

@@ -54,8 +54,8 @@ def model_bytes(model):
 
 def card(model):
     # A sim card that holds the staging of the streamed model, a small headroom and the
-    # adapters, not the model twice: every weight streams (STREAM_ALL), and fused weights kept on
-    # the device (the failure this file was written against) would not fit.
+    # adapters, not the model twice: every weight streams (STREAM_ALL), so fused weights kept on
+    # the device instead of streamed would not fit.
     size = model_bytes(model) / 2**30
     return dict(STREAM_ALL, sim_device_capacity_gb=1.5 * size, auto_vram_headroom_gb=size / 16)
 
