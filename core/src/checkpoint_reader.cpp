@@ -141,21 +141,22 @@ class PiecePlan {
 
 // Note [Read queue]
 // ~~~~~~~~~~~~~~~~~
-// The disk tier reads a unit of tens to a hundred MB at a time on each of the copy scheduler's
-// reader threads. Splitting each unit over threads of its own made the drive's queue uneven: deep
-// while two units were read, shallow at each unit's tail and whenever the ring let only one be
-// read (11 reads in flight on average on an H100 machine's disk, 0.89 of its sequential sweep
-// while busy). A drive reads fastest with a steady number of large requests in flight, as a
-// sequential sweep has. So the reader owns one queue of pieces served first come first served by
-// a fixed set of threads: a call appends its pieces as one batch and waits for them; a worker
-// takes the next piece of the oldest batch that has one left, so the pieces of the unit read next
-// follow the tail of the current one without a gap, and the depth stays at the worker count
-// however many callers there are. The workers start on the first call and stop with the reader;
-// one mutex guards the batches (a lock per piece of milliseconds). A failed piece stops its batch
-// from handing out more; the caller returns once the pieces already running are done, since their
-// destinations are the caller's. Measured since (bench/results/2026-12-06-h100-8abc593-disk-queue):
-// 7 reads in flight and the files busy for the whole disk-bound stretch; a gain over the per-unit
-// threads was not isolated (the two runs had different machines and methods).
+// The reader owns one queue of pieces served first come first served by a fixed set of threads, so
+// the drive sees a steady number of large requests in flight, as a sequential sweep has: that is
+// how a drive reads fastest. The disk tier reads a unit of tens to a hundred MB at a time on each
+// of the copy scheduler's reader threads; splitting each unit over threads of its own would make
+// the drive's queue uneven: deep while two units are read, shallow at each unit's tail and whenever
+// the ring lets only one be read (measured that way on an H100 machine's disk: 11 reads in flight
+// on average, 0.89 of its sequential sweep while busy). A call appends its pieces as one batch and
+// waits for them; a worker takes the next piece of the oldest batch that has one left, so the
+// pieces of the unit read next follow the tail of the current one without a gap, and the depth
+// stays at the worker count however many callers there are. The workers start on the first call and
+// stop with the reader; one mutex guards the batches (a lock per piece of milliseconds). A failed
+// piece stops its batch from handing out more; the caller returns once the pieces already running
+// are done, since their destinations are the caller's. Measured with the queue
+// (bench/results/2026-12-06-h100-8abc593-disk-queue): 7 reads in flight and the files busy for the
+// whole disk-bound stretch; a gain over per-unit threads is not isolated (the two measurements used
+// different machines and methods).
 class ReadQueue {
  public:
   using ReadPiece = std::function<Status(const PiecePlan::Piece& piece, bool drop_behind)>;

@@ -96,10 +96,10 @@ Status parse_spelling(std::span<const Spelling<E>> table, const char* what, std:
 //
 // Ranges. Memory figures are bounded by kMaxMemoryGiB (64 TiB): more than any machine ddo plans
 // for, and 2^46 bytes, so no figure and no sum of a few of them can leave int64 (a GiB figure of
-// 1.6e10 once became -2^63 bytes through an undefined float-to-int cast). The simulated copy rate
-// has a floor (a rate of 1e-9 GB/s turned one copy into a hang) and 0 = unthrottled. The ratio is
-// the one clamped field (docs/design/0006-configuration.md, section 2): out of [0, 1] it is clamped
-// with a warning.
+// 1.6e10 would become -2^63 bytes through an undefined float-to-int cast). The simulated copy rate
+// has a floor (a rate of 1e-9 GB/s would turn one copy into a hang) and 0 = unthrottled. The ratio
+// is the one clamped field (docs/design/0006-configuration.md, section 2): out of [0, 1] it is
+// clamped with a warning.
 // The table is a function-local constexpr array (no static constructors).
 namespace fields {
 namespace {
@@ -266,14 +266,15 @@ std::string figure(double value) {
 
 // Note [Pattern limits]
 // ~~~~~~~~~~~~~~~~~~~~~
-// std::regex compiles by recursive descent: each nested group, and each term of a sequence, costs
-// stack frames, so a pattern of about 20,000 nested parentheses overflowed the stack and killed
-// the process instead of raising an error. Patterns are checked against these limits before they
-// are compiled anywhere (check_module_pattern is the one place). Measured with libstdc++ and an
-// 8 MiB stack: 20,000 nested groups crash an ordinary build, 20,000 plain characters crash an
-// ASan build (10,000 do not). Module patterns are a few dotted names or a short alternation;
-// 1,000 characters and 32 levels of grouping leave room for any real one and a tenfold margin
-// for smaller thread stacks.
+// A pattern longer than kMaxPatternLength characters or nested deeper than kMaxPatternNesting
+// groups is an error, never a stack overflow: patterns are checked against these limits before they
+// are compiled anywhere (check_module_pattern is the one place). std::regex compiles by recursive
+// descent: each nested group, and each term of a sequence, costs stack frames, so a pattern of
+// about 20,000 nested parentheses overflows the stack and kills the process instead of raising an
+// error. Measured with libstdc++ and an 8 MiB stack: 20,000 nested groups crash an ordinary build,
+// 20,000 plain characters crash an ASan build (10,000 do not). Module patterns are a few dotted
+// names or a short alternation; 1,000 characters and 32 levels of grouping leave room for any real
+// one and a tenfold margin for smaller thread stacks.
 constexpr std::size_t kMaxPatternLength = 1000;
 constexpr std::size_t kMaxPatternNesting = 32;
 
@@ -308,19 +309,19 @@ std::size_t nesting_depth(std::string_view pattern) {
 
 // Note [Pattern repetition]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Before compiling, a pattern's states are counted with every repetition applied (x* and x+ as two
+// copies): at most kMaxPatternStates, and each count or back-reference number has at most
+// kMaxPatternCountDigits digits. A quantifier that repeats a quantifier (a**, a+{2}) is refused,
+// and so is repeating a group that already repeats without bound ((a*)*, (a+){2}). The reasons:
 // libstdc++'s std::regex compiles a counted repetition x{m,n} by copying x's states n times, so
-// nested counts multiply: ((a{100}){100}){100} builds a million states, and a count with more
-// digits than a long holds overflowed (signed overflow, undefined behaviour, in
-// _Compiler::_M_cur_int_value; found by fuzz/patterns_fuzz.cpp with "\777777777000001048532141",
-// the same code reads back-reference numbers). Before compiling, a pattern's states are counted
-// with every repetition applied (x* and x+ as two copies): at most kMaxPatternStates, and each
-// count or back-reference number has at most kMaxPatternCountDigits digits. A quantifier that
-// repeats a quantifier (a**, a+{2}) is refused: std::regex_search backtracked exponentially on it
-// (a********* stalled the fuzzer for 10 s on one module name), and so is repeating a group that
-// already repeats without bound ((a*)*, (a+){2}; ((((a*)*)....*)*) stalled it as well). A module
-// pattern repeats little; the limits leave room for any real one. Alternations that overlap
-// inside one unbounded repeat, such as (a|aa)*, can still backtrack: std::regex has no
-// linear-time engine, and module names are short.
+// nested counts multiply: ((a{100}){100}){100} builds a million states; a count with more digits
+// than a long holds overflows (signed overflow, undefined behaviour, in
+// _Compiler::_M_cur_int_value, which also reads back-reference numbers; fuzz/patterns_fuzz.cpp
+// reaches it with "\777777777000001048532141"); and std::regex_search backtracks exponentially on a
+// repeated quantifier (a********* stalls the fuzzer for 10 s on one module name, and so does
+// ((((a*)*)....*)*)). A module pattern repeats little; the limits leave room for any real one.
+// Alternations that overlap inside one unbounded repeat, such as (a|aa)*, can still backtrack:
+// std::regex has no linear-time engine, and module names are short.
 constexpr std::size_t kMaxPatternStates = 10000;
 constexpr std::size_t kMaxPatternCountDigits = 4;
 

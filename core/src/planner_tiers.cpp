@@ -15,13 +15,13 @@
 // Note [Disk tier plan]
 // ~~~~~~~~~~~~~~~~~~~~~
 // The host RAM budget is what the streamed weights may take in host memory: their host copies
-// (pinned or pageable) and the pinned ring the disk tier reads into. It is host_ram_cap_gb when
-// set (an emulated smaller host, as vram_cap_gb emulates a smaller card); otherwise, only when the
+// (pinned or pageable) and the pinned ring the disk tier reads into. It is host_ram_cap_gb when set
+// (an emulated smaller host, as vram_cap_gb emulates a smaller card); otherwise, only when the
 // weights are in a file (PlanContext::weights_in_file), what the RAM admission says the host can
 // hold: available RAM (available_system_ram_gb, else detected) minus system_ram_headroom_gb, at
 // least 1 byte; unknown RAM is unbounded. Weights already in memory have no budget of their own:
-// the pin admission bounds their pins, as before. Residents and move-once tensors live on the
-// device and are not in the budget (the loader reads them straight into device memory).
+// only the pin admission bounds their pins. Residents and move-once tensors live on the device and
+// are not in the budget (the loader reads them straight into device memory).
 //
 // When the streamed bytes fit, every unit is "host" and nothing else changes. When they do not and
 // the weights are in a file, some units become "disk": the engine reads them every step, in traced

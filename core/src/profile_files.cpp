@@ -134,16 +134,16 @@ Status read_text_file(const fs::path& path, std::string* content, std::size_t ma
 
 // Note [Bounded JSON]
 // ~~~~~~~~~~~~~~~~~~~
-// nlohmann::json parses and destroys iteratively, but copies, compares and dumps recursively, one
-// stack frame per level: a profile with a value nested 50,000-200,000 deep parsed fine and then
-// overflowed the stack on the first copy of the document (`ddo profiles list` crashed,
-// so the user could not even find the file), and a 21 KB one nested 10,000 deep survived and was
-// written back by the next calibration with two spaces of indentation per level, 200 MB. So every
-// text is measured before a document is built: its size (kMaxProfileFileBytes, checked while
-// reading) and its nesting depth by a linear scan (json_nesting_depth) against kMaxJsonDepth. A
-// file that fails either is invalid like any corrupt file: listed with the reason, ignored by load,
-// kept aside by save. In-memory values from callers (host contexts) are bounded while they are
-// normalized (host_context.cpp).
+// Every profile text is measured before a document is built: its size (kMaxProfileFileBytes,
+// checked while reading) and its nesting depth by a linear scan (json_nesting_depth) against
+// kMaxJsonDepth. A file that fails either is invalid like any corrupt file: listed with the
+// reason, ignored by load, kept aside by save; it never overflows the stack and is never written
+// back many times its size. The reason: nlohmann::json parses and destroys iteratively, but
+// copies, compares and dumps recursively, one stack frame per level. A value nested
+// 50,000-200,000 deep parses and then overflows the stack on the first copy of the document
+// (`ddo profiles list` would die, and the user could not even find the file), and a 21 KB file
+// nested 10,000 deep, dumped with two spaces of indentation per level, is 200 MB. In-memory
+// values from callers (host contexts) are bounded while they are normalized (host_context.cpp).
 int json_nesting_depth(std::string_view text) {
   int depth = 0;
   int deepest = 0;
@@ -218,14 +218,15 @@ Status keep_invalid_file(const fs::path& path, fs::path* kept) {
 
 // Note [Stale temporary files]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A temporary file of a dead writer does not outlive the next update in its directory.
 // write_file_atomic names its temporary ".<file>.tmp-<pid>-<n>"; a writer killed between creating
-// it and the rename leaves it behind (about half of 50 kill -9 in a loop did). The next update in
-// the directory deletes such files when their owner is certainly gone: the system says there is
-// no such process (os::process_is_gone: a live process, or one we may not ask about, is never
-// touched) AND the file is older than a minute. The age guard covers writers that share the
-// directory from another PID namespace (a container) or another host (a network file system),
-// whose pids mean nothing here: a save takes milliseconds, so a minute-old temporary file has no
-// writer left. Only names of ddo's own files are considered.
+// it and the rename leaves it behind (about half of 50 kill -9 in a loop do). The next update in
+// the directory deletes such files when their owner is certainly gone: the system says there is no
+// such process (os::process_is_gone: a live process, or one we may not ask about, is never touched)
+// AND the file is older than a minute. The age guard covers writers that share the directory from
+// another PID namespace (a container) or another host (a network file system), whose pids mean
+// nothing here: a save takes milliseconds, so a minute-old temporary file has no writer left. Only
+// names of ddo's own files are considered.
 int remove_stale_temp_files(const fs::path& directory) {
   constexpr auto kMinAge = std::chrono::seconds(60);
   int removed = 0;

@@ -35,12 +35,12 @@ namespace ddo::engine {
 // the H200 machine (docs/design/0009-benchmarks.md, section 4), cudaHostAlloc runs at about 2.2
 // GB/s because the driver faults and pins every page itself, while registering memory that is
 // already paged in runs at 14.7 GB/s and a 16-thread fill of fresh memory is far faster than
-// either. Registering before the fill (an earlier version) made the kernel fault the pages inside
-// the call: 3.1 GB/s. So the register path allocates 2 MiB-aligned memory advised for transparent
-// huge pages (fewer faults during the fill), fills it, and registers it afterwards, slabs in
-// parallel. Until then its tensors report tensor_pinned() == false. When pinning a slab fails and
-// fallback is allowed, that slab's tensors stay in (or are packed again into) ordinary memory: only
-// slower to copy, never wrong; slabs that did pin stay pinned.
+// either. Registering before the fill makes the kernel fault the pages inside the call: 3.1 GB/s.
+// So the register path allocates 2 MiB-aligned memory advised for transparent huge pages (fewer
+// faults during the fill), fills it, and registers it afterwards, slabs in parallel. Until then its
+// tensors report tensor_pinned() == false. When pinning a slab fails and fallback is allowed, that
+// slab's tensors stay in (or are packed again into) ordinary memory: only slower to copy, never
+// wrong; slabs that did pin stay pinned.
 //
 // Note [Balanced fill]
 // ~~~~~~~~~~~~~~~~~~~~

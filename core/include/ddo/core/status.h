@@ -83,12 +83,12 @@ namespace internal {
 
 // Note [No iostreams]
 // ~~~~~~~~~~~~~~~~~~~
-// Messages are built without <sstream>: on the GPU machine's toolchain, an ostream insertion
-// compiled into libddo_torch.so used its own copy of a locale facet id inside Python (whose
-// libstdc++ was loaded and initialised by torch first) and crashed on the first number it formatted
-// (bench/results/2026-12-03-h200-python-crash/). Appending with std::to_chars needs no locale and
-// reads the same as the stream did: integers in decimal, floating point as printf's %g (six
-// significant digits), bool as 1 / 0, characters as themselves, pointers in hex.
+// Messages are built without <sstream>, so formatting a number needs no locale: on the GPU
+// machine's toolchain, an ostream insertion compiled into libddo_torch.so can use its own copy of a
+// locale facet id inside Python (whose libstdc++ torch loads and initialises first) and crash on
+// the first number it formats (bench/results/2026-12-03-h200-python-crash/). Appending with
+// std::to_chars needs no locale and reads as a stream would: integers in decimal, floating point as
+// printf's %g (six significant digits), bool as 1 / 0, characters as themselves, pointers in hex.
 inline void str_append(std::string& out, std::string_view s) {
   out.append(s);
 }
