@@ -89,18 +89,18 @@ def load_rows(doc: dict) -> str:
 def w6_rows(doc: dict) -> str:
     """W6 (bench/python/w6_generation.py): whole generations, a cold process per row."""
     head = ("| row | generation s | encode s | denoise s | decode s | streamed GB | "
-            "read from disk GB | peak VRAM GiB | peak RSS GiB | max pixel diff |\n"
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+            "read from disk GB | peak VRAM GiB | peak RSS GiB | max pixel diff | PSNR dB |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     lines = []
     for r in doc.get("rows", []):
         report = r.get("report")
         if report is None:
-            lines.append(f"| {r.get('row', '-')} | failed | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {r.get('row', '-')} | failed | - | - | - | - | - | - | - | - | - |")
             continue
         stages = report.get("stages", {})
         gen = report.get("generation", {})
         vram = gen.get("peak_vram_gb")
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r.get("row", "-"), bench_tables.fmt(report.get("seconds"), ".1f"),
             *(bench_tables.fmt(stages.get(n, {}).get("seconds"), ".1f")
               for n in ("encode", "denoise", "decode")),
@@ -108,7 +108,8 @@ def w6_rows(doc: dict) -> str:
             bench_tables.fmt(gen.get("disk_bytes_read", 0) / 1e9, ".1f"),
             bench_tables.fmt(vram if vram is not None and vram >= 0 else None, ".2f"),
             bench_tables.fmt(gen.get("peak_rss_gb"), ".2f"),
-            bench_tables.fmt(r.get("max_pixel_difference"), "d")))
+            bench_tables.fmt(r.get("max_pixel_difference"), "d"),
+            bench_tables.fmt(r.get("psnr_db"), ".1f")))
     versions = doc.get("versions", {})
     foot = (f"\nGPU: {doc.get('card', '?')}; torch {versions.get('torch', '?')}, diffusers "
             f"{versions.get('diffusers', '?')}; commit {doc.get('commit', '?')}; command "

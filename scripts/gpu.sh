@@ -17,7 +17,8 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh lora         # build, the LoRA benchmark ($OUT/lora.json)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh profilelora  # build, the kernel table, then the LoRA benchmark
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan,
-#       DDO_W6_CAPS 8,16, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
+#       DDO_W6_CAPS 8,16, DDO_W6_QUANTIZE fp8,int8: ddo rows with generate.py --quantize,
+#       DDO_W6_DDO_ARGS: generate.py flags for ddo's rows only, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
 #       diffusers-group-leaf; DDO_W6_NO_RESIDENT=1 skips the reference row; rows are saved as
 #       they finish, so a call cut short by its time limit keeps them)
 #
@@ -334,7 +335,8 @@ w6() {
   timeout "$left" "$PY" "$ROOT/bench/python/w6_generation.py" --family "$family" --size "$size" \
     --device "$dev" --folder "${DDO_W6_DIR:-/tmp/ddo-w6-$family-$size}" \
     --caps "${DDO_W6_CAPS:-8,16}" --host-ram-cap "${DDO_W6_HOST_RAM_GB:-32}" \
-    ${DDO_W6_ARGS:+--generate-args "$DDO_W6_ARGS"} \
+    ${DDO_W6_ARGS:+--generate-args="$DDO_W6_ARGS"} ${DDO_W6_DDO_ARGS:+--ddo-args="$DDO_W6_DDO_ARGS"} \
+    ${DDO_W6_QUANTIZE:+--quantize "$DDO_W6_QUANTIZE"} \
     --others "${DDO_W6_OTHERS-diffusers-group-leaf}" ${DDO_W6_NO_RESIDENT:+--no-resident} \
     --out "$OUT/w6-$family.json" --commit "$DDO_COMMIT" >>"$LOG" 2>&1
   local rc=$?

@@ -6,7 +6,9 @@ Rows: all resident without ddo (the reference the outputs are compared with); th
 value (GiB), ddo (host RAM capped by --host-ram-cap) and each of --others: diffusers' group
 offload at leaf level with streams, its model offload, its sequential offload, and
 diffusers-dynamic-offloader from PyPI (generate.py --offload; capped through the allocator's
-per-process fraction; their host RAM is not capped, their peak RSS is reported beside it). Each
+per-process fraction; their host RAM is not capped, their peak RSS is reported beside it), and
+ddo with each of --quantize (generate.py --quantize: the transformer's Linears computed in fp8 or
+int8). Every row's output is compared with the reference: max pixel difference and PSNR. Each
 row's report (seconds per stage, bytes read and streamed, peak VRAM and RSS; ddo's
 GenerationMeter report for ddo rows) goes into --out with the command, the card, the versions
 and the commit.
@@ -57,6 +59,12 @@ def run_row(args, extra, name):
                 "pixels": np.stack(frames)}
 
 
+def psnr(pixels: np.ndarray, reference: np.ndarray) -> float:
+    """Peak signal-to-noise ratio of 8-bit pixels against the reference, in dB (inf when equal)."""
+    mse = float(np.mean((pixels.astype(np.float64) - reference.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10.0 * np.log10(255.0 ** 2 / mse)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=("flux", "wan"), default="flux")
@@ -66,6 +74,12 @@ def main():
     p.add_argument("--caps", default="8,16", help="GiB, comma separated")
     p.add_argument("--host-ram-cap", type=float)
     p.add_argument("--generate-args", default="", help="more generate.py flags for every row")
+    p.add_argument("--ddo-args", default="",
+                   help="more generate.py flags for ddo's rows only (ddo's options, which "
+                        "generate.py refuses on routes without ddo)")
+    p.add_argument("--quantize", default="",
+                   help="comma separated generate.py --quantize types (fp8, int8): a ddo row "
+                        "with each at every cap")
     p.add_argument("--others", default="diffusers-group-leaf,diffusers-model,"
                    "diffusers-sequential,diffusers-dynamic-offloader",
                    help="generate.py --offload routes run at each cap beside ddo (cuda only)")
@@ -97,6 +111,7 @@ def main():
             reference = pixels
         if pixels is not None and reference is not None and pixels.shape == reference.shape:
             row["max_pixel_difference"] = int(np.abs(pixels - reference).max())
+            row["psnr_db"] = psnr(pixels, reference)
         if "report" in row:
             print(f"{row['row']}: {row['wall_seconds']:.1f} s "
                   f"(generation {row['report']['seconds']:.1f} s)", file=sys.stderr)
@@ -109,10 +124,12 @@ def main():
     if not args.no_resident:
         add(["--no-ddo"], "resident")
     for cap in [c for c in args.caps.split(",") if c]:
-        extra = ["--vram-cap", cap]
+        extra = ["--vram-cap", cap] + args.ddo_args.split()
         if args.host_ram_cap:
             extra += ["--host-ram-cap", str(args.host_ram_cap)]
         add(extra, f"ddo cap {cap} GiB")
+        for q in [q for q in args.quantize.split(",") if q]:
+            add(extra + ["--quantize", q], f"ddo {q} cap {cap} GiB")
         if args.device != "cuda":
             continue  # the others need a GPU
         for route in [r for r in args.others.split(",") if r]:
