@@ -373,3 +373,49 @@ def test_load_state_dict_while_attached_then_remove_gives_the_new_weights(flux_d
         back = loaded.module.state_dict()
         wrong = [k for k, v in new.items() if not torch.equal(back[k], v)]
         assert not wrong, (forward_between, len(wrong), len(new), wrong[:3])
+
+
+@torch.no_grad()
+def test_quantize_weights_over_the_checkpoint_come_back_by_reads(tmp_path):
+    # The loader's quantize= keeps each quantized Linear's dense weight over the checkpoint's
+    # mapping (Note [Mapped weights come back by reads]). remove() reads those bytes from the
+    # file: a file truncated since the load is an error that changes nothing (no fault on a page
+    # the file no longer has), and remove() succeeds once the file is whole; a weight the host
+    # wrote while attached comes back as written.
+    root = tmp_path / "flux"
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
+        num_attention_heads=2, joint_attention_dim=128, pooled_projection_dim=128,
+        axes_dims_rope=[16, 24, 24],
+    ).eval()
+    model.save_pretrained(root)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def quantized_load():
+        loaded = ddo.from_pretrained_with_dynamic_offload(
+            root, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+            dynamic_offload_config=dict(STREAM), quantize="fp8")
+        assert sum(loaded.report()["quantized_compute"]["counts"].values()) > 0
+        return loaded
+
+    loaded = quantized_load()
+    shards = sorted(root.glob("*.safetensors"))
+    saved = {f: f.read_bytes() for f in shards}
+    for f in shards:
+        os.truncate(f, 100)
+    with pytest.raises(ValueError,
+                       match=r"remove\(\) could not restore .*file truncated.*call remove\(\) again"):
+        loaded.offload.remove()
+    for f in shards:
+        f.write_bytes(saved[f])
+    loaded.offload.remove()
+    back = loaded.module.state_dict()
+    for k, v in expected.items():
+        assert torch.equal(back[k], v), k
+
+    loaded = quantized_load()
+    layer = loaded.module.transformer_blocks[0].ff.net[2]
+    layer.weight.mul_(2.0)
+    loaded.offload.remove()
+    torch.testing.assert_close(layer.weight, expected["transformer_blocks.0.ff.net.2.weight"] * 2,
+                               rtol=0, atol=0)

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +39,24 @@ inline std::size_t span_bytes(const at::Tensor& t) {
 }
 
 // A CPU tensor whose bytes can be read at data_ptr (copies non-CPU tensors).
+// Note [Inference tensors as weights]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model built under torch.inference_mode() holds inference tensors: no version counter. Once
+// set_data points such a parameter at ddo's data, the parameter takes the data's dispatch keys
+// (no longer an inference tensor) but keeps the disabled counter, and the next view of it or
+// _version() throws ("Inference tensors do not track version counter"), in a forward or in
+// remove(). The parameter therefore gets a counter of its own with its new data: it is an
+// ordinary tensor from the attach on, and stays one after remove(), which torch allows in every
+// grad mode.
+inline void set_weight(at::Tensor& handle, const at::Tensor& data) {
+  at::AutoGradMode no_grad(false);
+  const bool was_inference = handle.is_inference();
+  handle.set_data(data);
+  if (was_inference && !handle.is_inference()) {
+    handle.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(0));
+  }
+}
+
 inline at::Tensor host_source(const at::Tensor& t) {
   if (t.device().is_cpu()) return t;
   return t.to(c10::kCPU);

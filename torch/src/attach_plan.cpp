@@ -99,24 +99,6 @@ std::uint32_t current_version(const at::Tensor& t) {
   return t.is_inference() ? 0 : t._version();
 }
 
-// Note [Inference tensors as weights]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A model built under torch.inference_mode() holds inference tensors: no version counter. Once
-// set_data points such a parameter at ddo's data, the parameter takes the data's dispatch keys
-// (no longer an inference tensor) but keeps the disabled counter, and the next view of it or
-// _version() throws ("Inference tensors do not track version counter"), in a forward or in
-// remove(). The parameter therefore gets a counter of its own with its new data: it is an
-// ordinary tensor from the attach on, and stays one after remove(), which torch allows in every
-// grad mode.
-void set_weight(at::Tensor& handle, const at::Tensor& data) {
-  at::AutoGradMode no_grad(false);
-  const bool was_inference = handle.is_inference();
-  handle.set_data(data);
-  if (was_inference && !handle.is_inference()) {
-    handle.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(0));
-  }
-}
-
 // The pinned-weight cache's entry for this model when it can serve this attach, else null (an
 // unusable entry is dropped). See Note [Pinned-weight cache] in weight_cache.cpp. `ids`: the
 // streamed, untied replaced tensors.

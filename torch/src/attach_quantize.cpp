@@ -20,6 +20,7 @@
 #include "ddo/sdnq/quantize_model.h"
 #include "ddo/sdnq/quantized_matmul.h"
 #include "ddo/torch/loader.h"
+#include "attach_common.h"
 #include "host_tensor.h"
 #include "quantized_dense.h"
 #include "weight_source.h"
@@ -183,8 +184,9 @@ void quantize_linears(OffloadState& s, const OffloadOptions& options) {
     q.original_device = weight.device();
     q.requires_grad = weight.requires_grad();
     if (s.weights && is_placeholder(weight)) {
-      q.host =
-          dense_from_checkpoint(s, slot_name(entry, entry.tensors[w]), weight, files, &q.mapped);
+      const std::string tensor_name = slot_name(entry, entry.tensors[w]);
+      q.host = dense_from_checkpoint(s, tensor_name, weight, files, &q.mapped);
+      if (q.mapped) q.checkpoint_name = tensor_name;
     } else {
       q.host = weight.device().is_cpu() ? weight.detach() : weight.detach().to(c10::kCPU);
     }
@@ -222,13 +224,14 @@ void install_quantized_weights(OffloadState& s) {
     const at::Tensor placeholder =
         cpu_tensor_over(q.host.data_ptr(), q.host.nbytes(), q.host.sizes(), q.host.strides(),
                         q.host.scalar_type(), record, &managed_deleter);
-    q.handle.set_data(placeholder);
+    set_weight(q.handle, placeholder);
     if (q.handle.requires_grad()) {
       // Inference-only, as every streamed weight (Note [Training under offload]).
       q.handle.set_requires_grad(false);
       if (s.runtime) ++s.runtime->frozen_weights;
     }
     record->version = q.handle.is_inference() ? 0 : q.handle._version();
+    q.attach_version = record->version;
     q.served = std::move(info);
     served.push_back(std::move(q));
   }
@@ -240,10 +243,20 @@ std::vector<at::Tensor> quantized_weights_back(const OffloadState& s) {
   back.reserve(s.quantized.size());
   for (const QuantizedLinear& q : s.quantized) {
     if (!q.handle.defined()) continue;  // given back by an earlier remove()
+    // Note [Mapped weights come back by reads]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     // A weight over the checkpoint's mapping gets its own memory back: the model no longer
-    // depends on the file once the offload is gone.
+    // depends on the file once the offload is gone. Its bytes are read from the checkpoint, as
+    // the loader read them: a file truncated or replaced since the load is then an error that
+    // names it (and remove() changes nothing, Note [Restore in two phases]), never a fault on a
+    // page the file no longer has. Only a weight the host wrote while attached is copied out of
+    // the mapping: its written pages are the process's own.
     if (q.mapped) {
-      back.push_back(q.host.clone());
+      const bool written = !q.handle.is_inference() &&
+                           static_cast<std::uint32_t>(q.handle._version()) != q.attach_version;
+      back.push_back(written || !s.weights
+                         ? q.host.clone()
+                         : s.weights->read_cpu(q.checkpoint_name, q.host, s.record_event));
     } else {
       back.push_back(q.original_device.is_cpu() ? q.host : q.host.to(q.original_device));
     }

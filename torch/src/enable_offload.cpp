@@ -4,6 +4,7 @@
 // execution_device.cpp; the report: offload_report.cpp.
 #include "ddo/torch/enable_offload.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -65,9 +66,12 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   internal::plan_attach(*s, total_vram, budget_origin, requested_mode);
   internal::place_attach(*s);
 
-  // Closes the files, unless the disk tier reads from them every step (and remove() reads its
-  // weights back from them).
-  if (s->setup.disk_bytes == 0 || !s->active) s->weights.reset();
+  // Closes the files, unless the disk tier reads from them every step or quantize= keeps dense
+  // weights over their mapping: remove() reads those weights back from them (Note [Mapped
+  // weights come back by reads] in attach_quantize.cpp).
+  const bool mapped = std::any_of(s->quantized.begin(), s->quantized.end(),
+                                  [](const internal::QuantizedLinear& q) { return q.mapped; });
+  if ((s->setup.disk_bytes == 0 && !mapped) || !s->active) s->weights.reset();
   s->setup.total_seconds = internal::seconds_since(start);
   internal::emit(*s, "setup", s->setup.total_seconds,
                  {{"device", s->device_name}, {"preset", s->settings.effective_preset}});

@@ -63,6 +63,8 @@ struct QuantizedLinear {
   c10::Device original_device = c10::Device(c10::kCPU);
   bool requires_grad = false;
   bool mapped = false;  // `host` points into the loader's checkpoint file (mapped copy-on-write)
+  std::string checkpoint_name;       // mapped: the loader's tensor, read again by remove()
+  std::uint32_t attach_version = 0;  // the weight's version when served: a write moves it on
   std::vector<std::int64_t> layout_code;
   std::shared_ptr<const QuantizedDense> served;  // set once the placeholder is installed
 };
@@ -115,7 +117,7 @@ struct OffloadState {
   core::DynamicOffloadSettings settings;
   core::ModelInventory inventory;
   core::Plan plan;
-  std::string device_name;  // "sim:0", "cuda:0", "cpu"
+  std::string device_name;                // "sim:0", "cuda:0", "cpu"
   const Backend* backend = &kSimBackend;  // the record of device_name's kind ("cpu": the sim's)
   c10::Device torch_device = c10::Device(c10::kCPU);  // where staged/resident tensors live
   bool executing = false;                             // false: plan mode or disabled
