@@ -476,12 +476,20 @@ void add_demo_command(CLI::App& app, int& exit_code) {
   demo->add_option("--preset", args->preset,
                    "Preset (see `ddo presets`; default: DDO_PRESET, else auto)");
   demo->add_option("--device", args->device, "sim, sim:N or cuda:N (default: cuda:0 if present)");
-  demo->add_option("--size", args->size, "Model size: tiny, small or full")
-      ->check(CLI::IsMember({"tiny", "small", "full"}))
-      ->capture_default_str();
-  demo->add_option("--steps", args->steps, "Forward passes inside the measured region")
-      ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
+  // Defaults and ranges are in ddo's own words: CLI11's wording of both differs by version.
+  demo->add_option("--size", args->size, "Model size: tiny, small or full (default: small)")
+      ->check(CLI::IsMember({"tiny", "small", "full"}));
+  demo->add_option("--steps", args->steps,
+                   "Forward passes inside the measured region, 1 to 100000 (default: 4)")
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            int value = 0;
+            if (!CLI::detail::lexical_cast(text, value) || value < 1 || value > 100000) {
+              return "--steps " + text + ": pass a number from 1 to 100000";
+            }
+            return {};
+          },
+          "1 to 100000"));
   demo->add_option("--quantize", args->quantize,
                    "Compute the Linears from fp8 or int8 copies (OffloadOptions::quantize)")
       ->check(CLI::IsMember({"fp8", "int8"}));

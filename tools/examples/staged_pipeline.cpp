@@ -56,12 +56,12 @@ int main(int argc, char** argv) {
     o.execution_device = device;
     o.profile_name = "staged-demo";
     o.build_profile = calibrate;
-    // On the simulation: a 256 MiB card, and the tiny model's weights, all below the
-    // small-tensor threshold, streamed like a large model's (the calibration run streams them).
+    // The tiny model's weights, all below the small-tensor threshold, stream like a large
+    // model's (the calibration run streams them); on the simulation, a 256 MiB card.
+    o.overrides = {{"small_tensor_threshold_bytes", 0}};
     if (!cuda) {
-      o.overrides = {{"sim_device_capacity_gb", 0.25},
-                     {"profile_vram_headroom_gb", 0.01},
-                     {"small_tensor_threshold_bytes", 0}};
+      o.overrides["sim_device_capacity_gb"] = 0.25;
+      o.overrides["profile_vram_headroom_gb"] = 0.01;
     }
     std::unique_ptr<ddo::adapter::Offload> offload = ddo::adapter::enable_offload(denoiser, o);
     meter.add_offload("transformer", offload.get());

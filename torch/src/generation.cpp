@@ -314,11 +314,13 @@ nlohmann::json GenerationMeter::finish() {
       {"peak_vram_bytes", peak_vram},
       {"peak_vram_gb", to_gib(peak_vram)},
       // Resident memory sampled the same way; the process's own high-water mark (since it
-      // began, or since the peak was last reset) beside it.
+      // began, or since the peak was last reset) beside it, never below a sample: the kernel's
+      // high-water mark lags the per-thread RSS counters by a few pages.
       {"start_rss_gb", to_gib(start_rss_bytes_)},
       {"peak_rss_bytes", peak_rss_bytes_.load()},
       {"peak_rss_gb", to_gib(peak_rss_bytes_.load())},
-      {"process_peak_rss_gb", to_gib(memory.peak_resident_bytes)},
+      {"process_peak_rss_gb",
+       to_gib(std::max<std::int64_t>(memory.peak_resident_bytes, peak_rss_bytes_.load()))},
       {"samples", samples_.load()}};
   return report_;
 }

@@ -115,8 +115,8 @@ TEST_F(CliTest, DemoStepsOfZeroNamesTheRange) {
 TEST_F(CliTest, DemoHelpShowsTheDefaults) {
   const Result r = run_ddo(profile_env(), "demo --help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("=small"), std::string::npos) << r.output;  // --size
-  EXPECT_NE(r.output.find("=4"), std::string::npos) << r.output;      // --steps
+  EXPECT_NE(r.output.find("(default: small)"), std::string::npos) << r.output;  // --size
+  EXPECT_NE(r.output.find("(default: 4)"), std::string::npos) << r.output;      // --steps
 }
 
 // A profile is found by its name alone when one class has it, by its key in any of the three
