@@ -15,25 +15,14 @@
 #include "ddo/torch/pipeline_offload.h"
 #include "ddo/torch/testing/flux_dit.h"
 #include "test_util.h"
+#include "tiny_dit.h"
 
 namespace ddo::adapter {
 namespace {
 
 using test::TempDir;
-using testing::FluxDiT;
-using testing::FluxDiTOptions;
 
-struct Dit {
-  FluxDiTOptions opts = FluxDiTOptions::preset("tiny");
-  FluxDiT model{opts};
-  testing::FluxDiTInputs in = testing::make_inputs(opts, c10::kCPU);
-  at::Tensor ref;
-  Dit() { ref = run(); }
-  at::Tensor run() {
-    torch::NoGradGuard ng;
-    return model->forward(in.img, in.txt, in.timestep);
-  }
-};
+using Dit = test::TinyDit;
 
 OffloadOptions pipe_options(const TempDir& dir, nlohmann::json extra = nlohmann::json::object()) {
   nlohmann::json ov = {{"sim_device_capacity_gb", 0.25}, {"profile_vram_headroom_gb", 0.01}};

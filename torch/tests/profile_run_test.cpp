@@ -19,28 +19,14 @@
 #include "ddo/torch/interception.h"
 #include "ddo/torch/testing/flux_dit.h"
 #include "test_util.h"
+#include "tiny_dit.h"
 
 namespace ddo::adapter {
 namespace {
 
 using test::TempDir;
-using testing::FluxDiT;
-using testing::FluxDiTOptions;
 
-struct Dit {
-  FluxDiTOptions opts = FluxDiTOptions::preset("tiny");
-  FluxDiT model{opts};
-  testing::FluxDiTInputs in = testing::make_inputs(opts, c10::kCPU);
-  at::Tensor ref;
-  Dit() {
-    torch::NoGradGuard ng;
-    ref = run();
-  }
-  at::Tensor run() {
-    torch::NoGradGuard ng;
-    return model->forward(in.img, in.txt, in.timestep);
-  }
-};
+using Dit = test::TinyDit;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
