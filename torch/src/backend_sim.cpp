@@ -3,11 +3,8 @@
 // dispatch key and compute with the CPU's kernels on the calling thread.
 #include <algorithm>
 
-#include <ATen/ops/addmm_cpu_dispatch.h>
-#include <ATen/ops/bmm_cpu_dispatch.h>
-#include <ATen/ops/mm_cpu_dispatch.h>
-
 #include "backend.h"
+#include "cpu_math.h"
 #include "ddo/core/config.h"
 #include "ddo/core/units.h"
 #include "ddo/torch/memory_probe.h"
@@ -16,18 +13,8 @@
 namespace ddo::adapter::internal {
 namespace {
 
-struct SimKernels {
+struct SimKernels : CpuMath {
   static const Backend& backend() { return kSimBackend; }
-  static at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                          const c10::Scalar& beta, const c10::Scalar& alpha) {
-    return at::cpu::addmm(self, mat1, mat2, beta, alpha);
-  }
-  static at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
-    return at::cpu::mm(self, mat2);
-  }
-  static at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
-    return at::cpu::bmm(self, mat2);
-  }
 };
 
 std::shared_ptr<engine::Device> open_sim(int index, const core::DynamicOffloadConfig& config) {

@@ -8,16 +8,14 @@
 #include <string>
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/allclose.h>
-#include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/randn.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "ddo/torch/enable_offload.h"
 #include "ddo/torch/interception.h"
+#include "cpu_math.h"
 #include "kernels.h"
 #include "test_util.h"
 #include "tiny_net.h"
@@ -26,18 +24,8 @@ namespace ddo::adapter::internal {
 namespace {
 
 // A kind no build has: its kernels serve PrivateUse1 and compute with the CPU's.
-struct StubKernels {
+struct StubKernels : CpuMath {
   static const Backend& backend();
-  static at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
-                          const c10::Scalar& beta, const c10::Scalar& alpha) {
-    return at::cpu::addmm(self, mat1, mat2, beta, alpha);
-  }
-  static at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
-    return at::cpu::mm(self, mat2);
-  }
-  static at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
-    return at::cpu::bmm(self, mat2);
-  }
 };
 
 const Backend kStubBackend{
@@ -138,9 +126,9 @@ TEST(BackendRegistry, AStubKindIsFoundAndServesItsKeyWithNoEditElsewhere) {
     test::TempDir dir;
     const at::Tensor expected = model.run();
     auto offload = enable_offload(*model.net, test::sim_options(dir));
-    for (const char* op : {"aten::addmm", "aten::mm", "aten::bmm", "aten::convolution",
-                           "aten::_convolution", "aten::embedding", "ddo::sdnq_linear",
-                           "ddo::sdnq_dequantize"}) {
+    for (const char* op :
+         {"aten::addmm", "aten::mm", "aten::bmm", "aten::convolution", "aten::_convolution",
+          "aten::embedding", "ddo::sdnq_linear", "ddo::sdnq_dequantize"}) {
       EXPECT_TRUE(has_kernel(op, c10::DispatchKey::PrivateUse1)) << op;
     }
 
