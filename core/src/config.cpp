@@ -924,4 +924,10 @@ Status check_module_pattern(std::string_view source, std::size_t index,
   return fields::check_module_pattern(source, index, pattern);
 }
 
+std::int64_t effective_card_bytes(std::int64_t total_bytes, const DynamicOffloadConfig& config) {
+  if (config.vram_cap_gb <= 0) return total_bytes;
+  const std::int64_t cap = to_bytes_or_throw(config.vram_cap_gb, ByteUnit::kGiB, "vram_cap_gb");
+  return total_bytes > 0 ? std::min(total_bytes, cap) : cap;
+}
+
 }  // namespace ddo::core

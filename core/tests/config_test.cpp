@@ -488,5 +488,18 @@ TEST(ConfigValidate, RejectsNonFinite) {
   EXPECT_TRUE(validate_config(c).ok());
 }
 
+TEST(EffectiveCard, TheCapBoundsTheDeviceAndStandsAloneWithoutOne) {
+  DynamicOffloadConfig config;
+  const std::int64_t card = std::int64_t{80} << 30;
+  EXPECT_EQ(effective_card_bytes(card, config), card);  // no cap
+  EXPECT_EQ(effective_card_bytes(0, config), 0);
+  config.vram_cap_gb = 8;
+  EXPECT_EQ(effective_card_bytes(card, config), std::int64_t{8} << 30);
+  EXPECT_EQ(effective_card_bytes(0, config), std::int64_t{8} << 30);  // no total known
+  EXPECT_EQ(effective_card_bytes(std::int64_t{4} << 30, config), std::int64_t{4} << 30);
+  config.vram_cap_gb = 0.1;  // rounded to the nearest byte, as every GiB figure
+  EXPECT_EQ(effective_card_bytes(card, config), 107374182);
+}
+
 }  // namespace
 }  // namespace ddo::core

@@ -29,13 +29,14 @@ std::optional<std::int64_t> weight_cache_budget(const OffloadState& s) {
   std::optional<std::int64_t> bound;
   for (double gb : {c.pin_weight_budget_gb, c.max_pin_weight_budget_gb}) {
     if (gb <= 0) continue;
-    const auto b = static_cast<std::int64_t>(gb * core::kGiB);
+    const std::int64_t b = core::to_bytes_or_throw(gb, core::ByteUnit::kGiB, "pin weight budget");
     bound = bound ? std::min(*bound, b) : b;
   }
   if (bound) return bound;
   const std::optional<std::int64_t> available = s.settings.available_ram_bytes();
   if (!available) return std::nullopt;
-  const auto headroom = static_cast<std::int64_t>(c.system_ram_headroom_gb * core::kGiB);
+  const std::int64_t headroom = core::to_bytes_or_throw(
+      c.system_ram_headroom_gb, core::ByteUnit::kGiB, "system_ram_headroom_gb");
   // Detected free RAM does not count what the cache and this offload's slabs already hold.
   std::int64_t held = 0;
   if (!c.available_system_ram_gb) {

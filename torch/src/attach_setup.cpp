@@ -129,7 +129,7 @@ std::int64_t open_attach_device(OffloadState& s, const OffloadOptions& options) 
   } else if (s.backend->plan_total_bytes != nullptr) {
     total_vram = s.backend->plan_total_bytes(config);
   }
-  return capped_vram_bytes(total_vram, config);
+  return core::effective_card_bytes(total_vram, config);
 }
 
 std::string resident_budget_origin(const OffloadState& s, const OffloadOptions& options,
@@ -191,8 +191,8 @@ void plan_attach(OffloadState& s, std::int64_t total_vram, const std::string& bu
   ctx.weights_in_file = s.weights != nullptr;
   if (s.prepared.resident_budget_gb && !ctx.calibrating &&
       s.prepared.report.budget_source.value_or("") != "manual") {
-    ctx.profile_budget_bytes =
-        static_cast<std::int64_t>(*s.prepared.resident_budget_gb * core::kGiB);
+    ctx.profile_budget_bytes = core::to_bytes_or_throw(*s.prepared.resident_budget_gb,
+                                                       core::ByteUnit::kGiB, "resident_budget_gb");
   }
   if (!ctx.calibrating) ctx.candidate_compute_ms = s.prepared.candidate_compute_ms;
   ctx.resident_budget_origin = budget_origin;

@@ -54,7 +54,7 @@ std::shared_ptr<engine::Device> open_cuda(int index, const core::DynamicOffloadC
   // raw_alloc asserts unless LibTorch's CUDA state exists; a host that has not touched CUDA
   // yet (no CUDA tensor made) would otherwise fail at the first staging allocation.
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-  const std::int64_t cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
+  const std::int64_t cap = core::effective_card_bytes(0, config);  // 0: no cap
   const std::int64_t cap_before = vram_cap_bytes(index);
   if (cap > 0) throw_if_error(apply_vram_cap(index, cap));
   engine::CudaDeviceOptions o;
@@ -63,7 +63,8 @@ std::shared_ptr<engine::Device> open_cuda(int index, const core::DynamicOffloadC
   // The pin-failure knob works on a real card too, so fallback is testable there.
   o.pinnable_bytes = config.sim_pinnable_gb < 0
                          ? -1
-                         : static_cast<std::int64_t>(config.sim_pinnable_gb * core::kGiB);
+                         : core::to_bytes_or_throw(config.sim_pinnable_gb, core::ByteUnit::kGiB,
+                                                   "sim_pinnable_gb");
   // Through LibTorch's caching allocator, so its statistics and the emulated cap see ddo's
   // staging and residents.
   o.alloc = [index](std::size_t bytes) -> void* {

@@ -21,15 +21,14 @@ std::shared_ptr<engine::Device> open_sim(int index, const core::DynamicOffloadCo
   engine::SimDeviceOptions o;
   o.index = index;
   if (config.sim_device_capacity_gb > 0) {
-    o.capacity_bytes = static_cast<std::int64_t>(config.sim_device_capacity_gb * core::kGiB);
+    o.capacity_bytes = core::to_bytes_or_throw(config.sim_device_capacity_gb, core::ByteUnit::kGiB,
+                                               "sim_device_capacity_gb");
   }
-  if (config.vram_cap_gb > 0) {
-    o.capacity_bytes =
-        std::min(o.capacity_bytes, static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB));
-  }
+  o.capacity_bytes = core::effective_card_bytes(o.capacity_bytes, config);
   o.pinnable_bytes = config.sim_pinnable_gb < 0
                          ? -1
-                         : static_cast<std::int64_t>(config.sim_pinnable_gb * core::kGiB);
+                         : core::to_bytes_or_throw(config.sim_pinnable_gb, core::ByteUnit::kGiB,
+                                                   "sim_pinnable_gb");
   o.copy_bytes_per_second = config.sim_copy_gbps * 1e9;
   return std::shared_ptr<engine::Device>(engine::make_sim_device(o));
 }
@@ -41,8 +40,9 @@ Status make_sim_probe(engine::Device& device, int /*index*/, std::unique_ptr<Mem
 
 // Plan mode opens nothing: the card is the one a run would simulate.
 std::int64_t sim_plan_total_bytes(const core::DynamicOffloadConfig& config) {
-  return static_cast<std::int64_t>(
-      (config.sim_device_capacity_gb > 0 ? config.sim_device_capacity_gb : 8.0) * core::kGiB);
+  return core::to_bytes_or_throw(
+      config.sim_device_capacity_gb > 0 ? config.sim_device_capacity_gb : 8.0, core::ByteUnit::kGiB,
+      "sim_device_capacity_gb");
 }
 
 }  // namespace

@@ -15,14 +15,8 @@
 namespace ddo::adapter {
 namespace internal {
 
-std::int64_t capped_vram_bytes(std::int64_t total_bytes, const core::DynamicOffloadConfig& config) {
-  if (config.vram_cap_gb <= 0) return total_bytes;
-  const auto cap = static_cast<std::int64_t>(config.vram_cap_gb * core::kGiB);
-  return total_bytes > 0 ? std::min(total_bytes, cap) : cap;
-}
-
 double gib(std::int64_t bytes) {
-  return static_cast<double>(bytes) / core::kGiB;
+  return core::bytes_to_gib(bytes);
 }
 
 std::string normalize_device_name(const std::string& device) {

@@ -232,7 +232,7 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree_in, const LoadOpt
   const c10::Device torch_device =
       internal::backend_for(device->caps().kind).torch_device(device->caps().index);
   core::PlanContext ctx;
-  ctx.total_vram_bytes = internal::capped_vram_bytes(device->memory().total_bytes, config);
+  ctx.total_vram_bytes = core::effective_card_bytes(device->memory().total_bytes, config);
   ctx.available_ram_bytes = settings.available_ram_bytes();
   ctx.pin_allowed = settings.pin_effective;
   const core::Plan plan = core::make_plan(to_inventory(tree, torch_device), config, ctx);

@@ -202,7 +202,6 @@ double gib(std::int64_t bytes);
 nlohmann::json kernels_report(const std::string& device_name);
 
 // The card the planner sees: `total_bytes` (0 = unknown) bounded by config.vram_cap_gb.
-std::int64_t capped_vram_bytes(std::int64_t total_bytes, const core::DynamicOffloadConfig& config);
 
 // Calibration's compute measurement (Note [Balanced order] in core/src/planner_residency.cpp): a
 // mark on the compute stream where the region starts, and, after the region's final

@@ -145,8 +145,9 @@ TEST(ProfileRun, CalibrateSaveReuseAppliesRecommendation) {
     const nlohmann::json p = offload->profile_report();
     EXPECT_EQ(p["status"], "applied") << p.dump(2);
     EXPECT_NEAR(p["resident_budget_gb"].get<double>(), recommended, 1e-9);
+    // GiB to bytes by the one rule, rounded to the nearest byte (core::to_bytes).
     EXPECT_EQ(offload->plan().resident_budget_bytes,
-              static_cast<int64_t>(recommended * core::kGiB));
+              core::to_bytes_or_throw(recommended, core::ByteUnit::kGiB, "resident_budget_gb"));
     EXPECT_FALSE(offload->plan().resident_module_names().empty()) << offload->summary();
     const core::Decision* balanced = offload->plan().find_decision("balanced_order");
     ASSERT_NE(balanced, nullptr) << offload->summary();

@@ -249,4 +249,15 @@ Status validate_config(const DynamicOffloadConfig& config);
 /// ```
 Status check_module_pattern(std::string_view source, std::size_t index, const std::string& pattern);
 
+/// The card ddo plans for and measures against, in bytes: the device's `total_bytes` capped by
+/// `config.vram_cap_gb` when that is set (> 0), the cap alone when the total is unknown (<= 0).
+/// The one rule every backend, the planner's inputs and the loader's pins use.
+///
+/// ```
+/// config.vram_cap_gb = 8;
+/// effective_card_bytes(std::int64_t{80} << 30, config);  // 8 GiB
+/// effective_card_bytes(0, config);                       // 8 GiB: no total known
+/// ```
+std::int64_t effective_card_bytes(std::int64_t total_bytes, const DynamicOffloadConfig& config);
+
 }  // namespace ddo::core
