@@ -16,6 +16,7 @@
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh testprofile  # build, GPU tests, W4's kernel table
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh lora         # build, the LoRA benchmark ($OUT/lora.json)
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh profilelora  # build, the kernel table, then the LoRA benchmark
+#     DDO_COMMIT=<sha> bash scripts/gpu.sh testprofilelora  # build, GPU tests, kernel table, LoRA benchmark
 #     DDO_COMMIT=<sha> bash scripts/gpu.sh w6         # whole generations (DDO_W6_FAMILY flux|wan,
 #       DDO_W6_CAPS 8,16, DDO_W6_QUANTIZE fp8,int8: ddo rows with generate.py --quantize,
 #       DDO_W6_DDO_ARGS: generate.py flags for ddo's rows only, DDO_W6_OTHERS: generate.py --offload routes beside ddo, default
@@ -481,6 +482,7 @@ case "$MODE" in
   lora) build && lora ;;
   profilelora) build && { profile; lora; } ;;
   testprofile) build && { DDO_GPU_TESTS_ONLY=1 DDO_SKIP_PYTEST=1 run_tests; profile; } ;;
+  testprofilelora) build && { DDO_GPU_TESTS_ONLY=1 DDO_SKIP_PYTEST=1 run_tests; profile; lora; } ;;
   w2) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-w2.sh" ;;
   jit) build && DDO_GPU_BUILD="$BUILD" DDO_PYTHON="$PY" DDO_T_START=$T_START bash "$ROOT/scripts/gpu-jit.sh" ;;
   # SDNQ in one call: build, the GPU tests (kernels, streamed units, probe lifecycle), pytest,
