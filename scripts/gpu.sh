@@ -298,7 +298,7 @@ profile() {
     # shellcheck disable=SC2086
     timeout "$left" "$PY" "$ROOT/bench/python/w4_profile.py" --family "$fam" --size "$size" \
       "${dev[@]}" --out "$OUT/w4-profile-$fam.json" --commit "$DDO_COMMIT" ${DDO_PROFILE_ARGS:-} \
-      2>&1 | tee -a "$LOG" | grep -E "gemm |resident|profiled|host|cpu (self|total)|  [a-z_0-9]+ +[0-9.]+ ms" >>"$SUMMARY"
+      2>&1 | tee -a "$LOG" | grep -E "gemm |resident|graphed|profiled|host|cpu (self|total)|  [a-z_0-9]+ +[0-9.]+ ms" >>"$SUMMARY"
     local r=${PIPESTATUS[0]}
     say "w4_profile $fam rc=$r"
     [ $r -eq 0 ] || rc=$r

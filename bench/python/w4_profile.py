@@ -15,6 +15,10 @@ bf16 weights):
            activation quantization, attention, copies, the rest), kernel count, GPU-busy
            seconds against the step's wall seconds (the gap is host time the GPU waited for),
            and the host side: CPU microseconds per op (self and with children), top ops
+  graphed  the same steps captured as one CUDA graph and replayed (bf16, the fp8 layers, and the
+           model under enable_offload(quantize="fp8")): the step without the host's per-op
+           cost, so the gap to the eager step is what the host adds; a capture that fails is
+           logged with its error (an op that syncs or allocates outside the graph's pool)
   host     host microseconds per call of one small Linear (32 rows, 512 x 512: the GPU's part
            is a few microseconds, so calls queued without a sync measure the host): bf16
            F.linear, the fp8 layer's forward, torch.ops.ddo.sdnq_linear called directly,
@@ -237,6 +241,41 @@ def profile_step(model, inputs: dict, cuda: bool) -> dict:
                      for n, (c, us) in top])
 
 
+def graphed_step(model, inputs: dict, steps: int, ref=None) -> dict:
+    """The step captured as one CUDA graph and replayed: median seconds per replay, or the
+    capture's error. Inputs are the graph's static inputs (they do not change between steps)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(**inputs, return_dict=False)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = model(**inputs, return_dict=False)[0]
+            graph.replay()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(max(steps, 3)):
+                t0 = time.perf_counter()
+                graph.replay()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+        row = dict(step_s=sorted(times)[len(times) // 2])
+        if ref is not None:
+            row.update(bc.output_vs_reference(out, ref))
+        del graph
+        return row
+    except Exception as e:  # noqa: BLE001  (the figure is the error: what is not capturable)
+        torch.cuda.synchronize()
+        return dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
 def print_profile(label: str, p: dict) -> None:
     log(f"{label}: profiled step {p['wall_s_profiled']:.4f} s wall, GPU busy "
         f"{p['gpu_busy_ms']:.1f} ms, {p['kernel_count']} kernels")
@@ -262,6 +301,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--skip-gemm", action="store_true")
     p.add_argument("--skip-host", action="store_true")
+    p.add_argument("--skip-graph", action="store_true")
     p.add_argument("--out", default="w4-profile.json")
     p.add_argument("--commit")
     args = p.parse_args(argv)
@@ -310,6 +350,24 @@ def main(argv=None) -> int:
     result["bf16_profile"] = profile_step(model, inputs, cuda)
     print_profile("bf16", result["bf16_profile"])
     save()
+    graph = cuda and not args.skip_graph
+    if graph:
+        result["bf16_graphed"] = graphed_step(model, inputs, args.steps, ref)
+        log(f"bf16 graphed: {result['bf16_graphed']}")
+        save()
+        # enable_offload(quantize="fp8") with everything resident: the library's own route.
+        model.to("cpu")
+        torch.cuda.empty_cache()
+        handle = ddo.enable_offload(model, quantize="fp8", preset="one_shot_fast")
+        first, times, finite, out = bc.run_steps_out(model, inputs, args.steps, cuda)
+        row = dict(step_s=sorted(times)[len(times) // 2], **bc.output_vs_reference(out, ref))
+        log(f"enable_offload(quantize=fp8) resident: {row}")
+        row["graphed"] = graphed_step(model, inputs, args.steps, ref)
+        log(f"enable_offload(quantize=fp8) graphed: {row['graphed']}")
+        result["fp8_option"] = row
+        save()
+        handle.remove()
+        torch.cuda.empty_cache()
 
     # Quantized on the host, as W4 and enable_offload's quantize= do.
     model.to("cpu")
@@ -324,6 +382,10 @@ def main(argv=None) -> int:
     result["fp8_profile"] = profile_step(model, inputs, cuda)
     print_profile("fp8", result["fp8_profile"])
     save()
+    if graph:
+        result["fp8_graphed"] = graphed_step(model, inputs, args.steps, ref)
+        log(f"fp8 graphed: {result['fp8_graphed']}")
+        save()
     log(f"done: {args.out}")
     return 0
 
