@@ -50,6 +50,29 @@ def load(path, **config):
     )
 
 
+def put_back(shards, saved):
+    """Each shard's bytes and times as `saved` has them ({path: (bytes, os.stat_result)}),
+    written in place: a file restored from a copy that keeps its last-write time (cp -p)."""
+    for f in shards:
+        data, stat = saved[f]
+        with open(f, "r+b") as fh:
+            fh.write(data)
+            fh.truncate(len(data))
+        os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def write_in_place(shards):
+    """The last value of each shard's last tensor set to +inf at the same size, in place (the
+    same inode), with a later last-write time: what an overwrite in place leaves."""
+    for f in shards:
+        data = bytearray(f.read_bytes())
+        data[-4:] = b"\x00\x00\x80\x7f"
+        stat = f.stat()
+        with open(f, "r+b") as fh:
+            fh.write(data)
+        os.utime(f, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+
+
 @torch.no_grad()
 def test_capped_load_streams_part_from_disk_with_the_same_outputs(flux_dir):
     path, streamed = flux_dir
@@ -177,16 +200,19 @@ def test_a_file_truncated_after_the_load_fails_the_step_clearly_until_attached_a
     inputs = flux_inputs(0)
     expected = loaded.module(**inputs).sample
     shards = sorted(root.glob("*.safetensors"))
-    saved = {f: f.read_bytes() for f in shards}
+    saved = {f: (f.read_bytes(), f.stat()) for f in shards}
     for f in shards:
         os.truncate(f, 100)
     with pytest.raises(RuntimeError, match=r"disk-tier unit .*safetensors' changed on disk"):
         loaded.module(**inputs)
     for f in shards:  # whole again, in place (the reader keeps its open descriptors)
         with open(f, "r+b") as fh:
-            fh.write(saved[f])
+            fh.write(saved[f][0])
     with pytest.raises(RuntimeError, match=r"changed on disk .* attach again"):
         loaded.module(**inputs)
+    # remove() reads the weights back only from files as they were at the load (Note [Reads
+    # that give the model back]): with their last-write times too.
+    put_back(shards, saved)
     loaded.offload.remove()
     again = load(root, host_ram_cap_gb=streamed * 0.6 / GIB, prefetch_window_mb=0.03)
     torch.testing.assert_close(again.module(**inputs).sample, expected, rtol=0, atol=0)
@@ -206,15 +232,15 @@ def test_a_remove_that_cannot_read_the_files_changes_nothing_and_can_be_retried(
     inputs = flux_inputs(0)
     expected = loaded.module(**inputs).sample
     shards = sorted(root.glob("*.safetensors"))
-    saved = {f: f.read_bytes() for f in shards}
+    saved = {f: (f.read_bytes(), f.stat()) for f in shards}
     for f in shards:
         os.truncate(f, 100)
     with pytest.raises(ValueError, match=r"remove\(\) could not restore .*still active"):
         loaded.offload.remove()
     assert loaded.offload.active
-    for f in shards:  # whole again, in place: the offload no longer serves them (changed on
-        with open(f, "r+b") as fh:  # disk), but remove() reads the weights back
-            fh.write(saved[f])
+    # Whole again, in place, with the load's last-write times (a copy kept with cp -p): the
+    # offload no longer serves them (changed on disk), but remove() reads the weights back.
+    put_back(shards, saved)
     loaded.offload.remove()
     assert not loaded.offload.active
     assert not any(ddo._C.is_managed(p) for p in loaded.module.parameters())
@@ -341,16 +367,16 @@ def test_a_shard_written_in_place_while_attached_is_an_error(flux_dir, tmp_path)
     loaded = load(path, host_ram_cap_gb=streamed * 0.6 / GIB, prefetch_window_mb=0.03)
     assert loaded.report()["setup"]["load"]["disk_bytes"] > 0
     loaded.module(**flux_inputs(0))
-    for shard in path.glob("*.safetensors"):
-        data = bytearray(shard.read_bytes())
-        data[-4:] = b"\x00\x00\x80\x7f"  # the last value of the last tensor: +inf, same size
-        stat = shard.stat()
-        with open(shard, "r+b") as f:  # in place: the same inode
-            f.write(data)
-        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    shards = sorted(path.glob("*.safetensors"))
+    saved = {f: (f.read_bytes(), f.stat()) for f in shards}
+    write_in_place(shards)
     with pytest.raises(Exception, match="changed on disk while ddo reads weights from it"):
         for seed in range(3):
             loaded.module(**flux_inputs(seed))
+    # remove() reads the same files (Note [Reads that give the model back]).
+    with pytest.raises(ValueError, match="is not the file the model was loaded from"):
+        loaded.offload.remove()
+    put_back(shards, saved)
     loaded.offload.remove()
 
 
@@ -400,14 +426,13 @@ def test_quantize_weights_over_the_checkpoint_come_back_by_reads(tmp_path):
 
     loaded = quantized_load()
     shards = sorted(root.glob("*.safetensors"))
-    saved = {f: f.read_bytes() for f in shards}
+    saved = {f: (f.read_bytes(), f.stat()) for f in shards}
     for f in shards:
         os.truncate(f, 100)
-    with pytest.raises(ValueError,
-                       match=r"remove\(\) could not restore .*file truncated.*call remove\(\) again"):
+    with pytest.raises(ValueError, match=r"remove\(\) could not restore .*safetensors' is not "
+                       r"the file the model was loaded from.*call remove\(\) again"):
         loaded.offload.remove()
-    for f in shards:
-        f.write_bytes(saved[f])
+    put_back(shards, saved)
     loaded.offload.remove()
     back = loaded.module.state_dict()
     for k, v in expected.items():
@@ -419,3 +444,45 @@ def test_quantize_weights_over_the_checkpoint_come_back_by_reads(tmp_path):
     loaded.offload.remove()
     torch.testing.assert_close(layer.weight, expected["transformer_blocks.0.ff.net.2.weight"] * 2,
                                rtol=0, atol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("quantize", [None, "fp8"])
+def test_a_shard_written_in_place_is_refused_by_remove_until_it_is_put_back(tmp_path, quantize):
+    # Note [Reads that give the model back] in torch/src/loader.cpp: remove() reads the disk
+    # tier's weights (without quantize) and quantize='s dense weights over the mapping (with it)
+    # back from the files. A shard written in place at its size since the load would give weights
+    # the model never had: remove() refuses naming the file and changes nothing, and gives the
+    # loaded model once the file is back as it was.
+    root = tmp_path / "flux"
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
+        num_attention_heads=2, joint_attention_dim=128, pooled_projection_dim=128,
+        axes_dims_rope=[16, 24, 24],
+    ).eval()
+    model.save_pretrained(root, max_shard_size="200KB")
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    streamed = sum(v.numel() * v.element_size() for v in expected.values())
+    config = dict(STREAM) if quantize else dict(STREAM, host_ram_cap_gb=streamed * 0.6 / GIB,
+                                                     prefetch_window_mb=0.03)
+    loaded = ddo.from_pretrained_with_dynamic_offload(
+        root, model_loader=diffusers.FluxTransformer2DModel, apply_dynamic=True,
+        dynamic_offload_config=config, quantize=quantize)
+    report = loaded.report()
+    if quantize:
+        assert sum(report["quantized_compute"]["counts"].values()) > 0, report
+    else:
+        assert report["setup"]["load"]["disk_bytes"] > 0, report["setup"]
+    shards = sorted(root.glob("*.safetensors"))
+    saved = {f: (f.read_bytes(), f.stat()) for f in shards}
+    write_in_place(shards)
+    with pytest.raises(ValueError, match=r"remove\(\) could not restore .*safetensors' is not the "
+                       r"file the model was loaded from.*written in place.*Put the file back"):
+        loaded.offload.remove()
+    assert loaded.offload.active
+    put_back(shards, saved)
+    loaded.offload.remove()
+    assert not loaded.offload.active
+    back = loaded.module.state_dict()
+    wrong = [k for k, v in expected.items() if not torch.equal(back[k], v)]
+    assert not wrong, wrong[:3]

@@ -345,8 +345,29 @@ Status WeightSource::read_unit(const std::vector<Read>& reads, char* base) const
   return {};
 }
 
+// Note [Reads that give the model back]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// read_cpu gives the host a weight it keeps: remove() reads the disk tier's weights and quantize='s
+// dense weights back through it. Its bytes must be the load's, so it first checks the file as the
+// disk tier's every step does (CheckpointReader::check_unchanged: size and last-write time against
+// the reader's open). A shard written in place since the load, even at its size, is an error naming
+// the file and the tensor rather than weights the model never had; remove() then changes nothing
+// (Note [Restore in two phases]) and succeeds once the file is back as it was. A shard replaced by
+// a new file is not an error: the reader's open descriptor still reads the old one.
 at::Tensor WeightSource::read_cpu(const std::string& name, const at::Tensor& like,
                                   const RecordEvent& events) {
+  const core::CheckpointTensor& t = find(name);
+  if (const Status unchanged =
+          reader_->check_unchanged({{checkpoint_.by_name.at(t.name), 0, t.bytes, nullptr}});
+      !unchanged.ok()) {
+    throw Error(Code::kDataLoss,
+                fmt::format("'{}' is not the file the model was loaded from: its size or "
+                            "last-write time changed since the load (written in place), so "
+                            "reading '{}' from it would give weights the model never had. Put "
+                            "the file back as it was, with its last-write time (cp -p or rsync "
+                            "-t from a copy); write new checkpoints beside the old ones",
+                            checkpoint_.files[t.file], name));
+  }
   at::Tensor out = at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()));
   read({{name, out.data_ptr(), out.scalar_type(), out.numel()}}, events);
   return out;

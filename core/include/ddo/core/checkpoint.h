@@ -194,12 +194,17 @@ class CheckpointReader {
   /// The checkpoint being read.
   const Checkpoint& checkpoint() const;
 
+  /// Checks that each file `jobs` touch has the size and last-write time it had when the reader
+  /// opened it (one fstat per file): kDataLoss naming the first that does not, a file written in
+  /// place since (Note [A shard changed under the disk tier]). read_queued's drop_behind reads
+  /// check first; a caller whose reads must give the bytes of the load checks before others.
+  Status check_unchanged(const std::vector<ReadJob>& jobs) const;
+
   /// Totals of every read so far, from any thread (Note [Read meter]).
   ReadStats stats() const;
 
  private:
   CheckpointReader() = default;
-  Status check_unchanged(const std::vector<ReadJob>& jobs) const;
   Status read_piece(const ReadJob& job, std::uint64_t start, std::uint64_t bytes,
                     bool drop_behind) const;
   struct Impl;
