@@ -69,6 +69,8 @@ WAN_SHAPES = [(5120, 5120), (13824, 5120), (5120, 13824), (5120, 4096)]
 def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
     import torch
 
+    import ddo
+
     dev = "cuda" if cuda else "cpu"
     rows = []
     for out_f, in_f, dense, quantized, xi in bc.gemm_cases(cuda, tokens, shapes,
@@ -78,7 +80,7 @@ def gemm_rows(cuda: bool, tokens: int, shapes) -> list:
             row["bf16_ms"] = bc.time_ms(lambda: dense(xi), cuda)
             ref = dense(xi)
             for name, q in quantized.items():
-                path, why = torch.ops.ddo.sdnq_linear_path(q.ddo_sdnq_layout, q.scale.dtype,
+                path, why = ddo._C.sdnq_linear_path(q.ddo_sdnq_layout, q.scale.dtype,
                                                            dev, tokens)
                 key = "fp8" if name.startswith("float8") else "int8"
                 row[f"{key}_path"] = path

@@ -482,7 +482,7 @@ def _enable(
         _check_type("quantize", quantize, (str,), "\"fp8\", \"int8\" or None")
         # C++'s parse (ddo/sdnq/quantize_model.h): a ValueError naming the choices, before
         # anything else runs; "" for "none".
-        quantize = quantize if torch.ops.ddo.sdnq_quantize_type(quantize) else None
+        quantize = quantize if _C.sdnq_quantize_type(quantize) else None
     prepared = _prepare(model, label, record_event, quantize=quantize)
     if prepared.jit and load is not None:
         raise TypeError("loading a checkpoint into a TorchScript module is not supported; "

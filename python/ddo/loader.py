@@ -164,10 +164,10 @@ def _swap_in_sdnq_layers(module: nn.Module, path: str, config: dict[str, Any],
         }
         # How this layer is stored, and whether ddo runs it: C++'s rule
         # (ddo/sdnq/acceptance.h), the one sdnq_layout applies to the package's modules.
-        group, transposed = torch.ops.ddo.sdnq_stored_layout(
+        group, transposed = _C.sdnq_stored_layout(
             matmul, sub.out_features, sub.in_features, list(tensors[f"{name}.weight"].shape),
             list(tensors[f"{name}.scale"].shape))
-        layout, why = torch.ops.ddo.sdnq_accept_layer(
+        layout, why = _C.sdnq_accept_layer(
             type(sub).__name__, True, weights_dtype, result_dtype,
             [sub.out_features, sub.in_features], group, transposed, "svd_up" in meta,
             [extra for extra in _UNSUPPORTED_TENSORS if f"{name}.{extra}" in tensors])
@@ -316,7 +316,7 @@ def _check_load_args(profile_name: Any, build_profile: Any, apply_dynamic: bool,
     if quantize is not None and not isinstance(quantize, str):
         raise TypeError(f'quantize must be "fp8", "int8" or None, not {quantize!r}')
     # The package's type name ("" for "none"); a ValueError naming the choices before any read.
-    quantize = quantize if quantize and torch.ops.ddo.sdnq_quantize_type(quantize) else None
+    quantize = quantize if quantize and _C.sdnq_quantize_type(quantize) else None
     if not apply_dynamic and (profile_name or build_profile):
         raise ValueError(
             "profile_name/build_profile were given with apply_dynamic=False; pass them to the "

@@ -31,6 +31,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from . import _C
+
 __all__ = [
     "is_sdnq_layer", "sdnq_layout", "dequantize", "quantize_linear", "quantize_model",
     "QuantizedLinear",
@@ -67,7 +69,7 @@ def sdnq_layout(module: nn.Module) -> Union[list[int], str]:
     features = [f for f in ("use_hadamard", "use_codebook", "use_codebook_scale")
                 if getattr(d, f, False)]
     features += [n for n in _UNSUPPORTED_TENSORS if getattr(module, n, None) is not None]
-    layout, why = torch.ops.ddo.sdnq_accept_layer(
+    layout, why = _C.sdnq_accept_layer(
         type(module).__name__,
         isinstance(module, nn.Linear),
         wd if isinstance(wd, str) else "",
@@ -229,13 +231,13 @@ def quantize_model(model: nn.Module, quantize: str) -> dict[str, str]:
     dense, with why. An explicit offline tool for a model that should stay quantized (a resident
     fp8 model); ``enable_offload(..., quantize=...)`` does not use it: it keeps the model's modules
     and serves their weights from quantized copies. The weight rules are C++'s
-    (ddo/sdnq/quantize_model.h, through ddo::sdnq_quantize_skip). Each dense weight is released as
+    (ddo/sdnq/quantize_model.h, through ddo._C.sdnq_quantize_skip). Each dense weight is released as
     its layer is replaced, so the peak is the model plus one layer.
 
         skipped = quantize_model(transformer, "fp8")      # {"proj_out": "a dimension is ..."}
         transformer.cuda()                                 # resident fp8, no offload
     """
-    weights_dtype = torch.ops.ddo.sdnq_quantize_type(quantize)  # "fp8" -> "float8_e4m3fn"
+    weights_dtype = _C.sdnq_quantize_type(quantize)  # "fp8" -> "float8_e4m3fn"
     if not weights_dtype:
         return {}
     skipped: dict[str, str] = {}
@@ -251,7 +253,7 @@ def quantize_model(model: nn.Module, quantize: str) -> dict[str, str]:
         if kept is not None:
             skipped[name] = f"the model keeps it at full precision (_keep_in_fp32_modules: {kept})"
             continue
-        reason = torch.ops.ddo.sdnq_quantize_skip(
+        reason = _C.sdnq_quantize_skip(
             quantize, module.out_features, module.in_features, module.weight.dtype
         )
         if reason:

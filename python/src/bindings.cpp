@@ -10,6 +10,7 @@
 //   offload_bindings.cpp enable_offload over a Python module tree, reports
 //   jit_bindings.cpp     enable_offload over a TorchScript module
 //   pipeline_bindings.cpp the pipeline router and the pipeline loop
+//   sdnq_bindings.cpp    SDNQ metadata: layer acceptance, stored layouts, quantize='s rules
 #include <pybind11/pybind11.h>
 
 #include "py_common.h"
@@ -23,4 +24,5 @@ PYBIND11_MODULE(_C, m) {
   ddo::python::bind_offload(m);
   ddo::python::bind_jit(m);
   ddo::python::bind_pipeline(m);
+  ddo::python::bind_sdnq(m);
 }

@@ -82,4 +82,7 @@ void bind_jit(py::module_& m);
 // Offload and ProfileRun classes it returns.
 void bind_pipeline(py::module_& m);
 
+// Registers the SDNQ metadata functions (sdnq_bindings.cpp: Note [Metadata through _C]).
+void bind_sdnq(py::module_& m);
+
 }  // namespace ddo::python

@@ -116,4 +116,4 @@ def test_arguments_python_cannot_hand_to_cpp_name_themselves():
     with pytest.raises(ValueError, match=r"profile_name='\\ud800' is not valid text"):
         ddo.enable_offload(torch.nn.Linear(4, 4), profile_name="\ud800", execution_device="sim")
     with pytest.raises(ValueError, match="more than 2\\^48 elements"):
-        torch.ops.ddo.sdnq_layout_code("int8", torch.bfloat16, 2**40, 2**40, 0, False)
+        ddo._C.sdnq_layout_code("int8", torch.bfloat16, 2**40, 2**40, 0, False)

@@ -287,3 +287,30 @@ def test_ddo_quantized_model_streams_under_enable_offload():
     assert offload.report()["run"]["acquires"] == 2
     offload.remove()
     assert torch.equal(model(x), ref)
+
+
+def test_rules_are_functions_of_C_and_only_compute_is_an_op():
+    # Note [Metadata through _C] in python/src/sdnq_bindings.cpp: torch.ops.ddo holds the ops
+    # that compute on tensors; what Python asks about is a function of ddo._C over the same C++.
+    for op in ("sdnq_linear", "sdnq_dequantize", "sdnq_quantize"):
+        assert hasattr(torch.ops.ddo, op), op
+    for name in ("sdnq_accept_layer", "sdnq_stored_layout", "sdnq_quantize_type",
+                 "sdnq_quantize_skip", "sdnq_layout_code", "sdnq_linear_path"):
+        assert not hasattr(torch.ops.ddo, name), name
+        assert callable(getattr(ddo._C, name)), name
+    assert ddo._C.sdnq_quantize_type("fp8") == "float8_e4m3fn"
+    assert ddo._C.sdnq_quantize_type("none") == ""
+    with pytest.raises(ValueError, match=r'quantize="int3" is not a choice; use "fp8"'):
+        ddo._C.sdnq_quantize_type("int3")
+    assert ddo._C.sdnq_quantize_skip("int8", 256, 256, torch.bfloat16) == ""
+    assert "multiple of 16" in ddo._C.sdnq_quantize_skip("int8", 250, 256, torch.bfloat16)
+    assert ddo._C.sdnq_stored_layout(True, 64, 32, [32, 64], [1, 64]) == (0, True)
+    code = ddo._C.sdnq_layout_code("int8", torch.bfloat16, 64, 32, 0, True)
+    layout, why = ddo._C.sdnq_accept_layer("SDNQLinear", True, "int8", torch.bfloat16, [64, 32], 0,
+                                           True, False, [])
+    assert (layout, why) == (code, "")
+    layout, why = ddo._C.sdnq_accept_layer("SDNQConv2d", False, "int8", None, [64, 32], 0, False,
+                                           False, [])
+    assert layout == [] and why
+    path, why = ddo._C.sdnq_linear_path(code, torch.float32, "cpu")
+    assert (path, why) == ddo._C.sdnq_linear_path(code, torch.float32, torch.device("cpu"), 4096)

@@ -72,7 +72,7 @@ def test_sdnq_checkpoint_loads_like_the_package(sdnq_dir):
                   and tuple(m.scale.shape) == (1, m.out_features)]
     assert len(transposed) == (len(layers) if matmul else 0)
     for m in transposed:
-        assert m.ddo_sdnq_layout == list(torch.ops.ddo.sdnq_layout_code(
+        assert m.ddo_sdnq_layout == list(ddo._C.sdnq_layout_code(
             "int8", torch.bfloat16, m.out_features, m.in_features, 0, True))
     report = loaded.report()
     assert report["execution_mode"] == "sdnq_runtime", report["execution_mode"]

@@ -127,7 +127,7 @@ Layout Layout::decode(c10::IntArrayRef code) {
   DDO_CHECK(v1 || (code.size() == 8 && code[0] == kLayoutVersion), Code::kInvalidArgument,
             "SDNQ layout code ", shape_text(code),
             " is not a ddo layout (version 2 with 8 integers, or 1 with 7); build it with "
-            "Layout::encode() or torch.ops.ddo.sdnq_layout_code");
+            "Layout::encode() or ddo._C.sdnq_layout_code");
   Layout l;
   DDO_CHECK(code[1] >= 0 && code[1] <= static_cast<std::int64_t>(QuantType::kFloat8E5M2),
             Code::kInvalidArgument, "SDNQ layout code: unknown type ", code[1]);

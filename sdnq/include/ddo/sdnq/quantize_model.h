@@ -7,7 +7,7 @@
 /// low-precision GEMM (quantized_matmul.h) and streams half the bytes, while the model keeps its
 /// modules and dense weights (Note [Quantized dense weights] in torch/src/attach_quantize.cpp).
 /// The weight rules live here, once: the attach asks them, and so does Python's explicit offline
-/// tool ddo.sdnq.quantize_model (through the ddo::sdnq_quantize_skip op). A model that should
+/// tool ddo.sdnq.quantize_model (through ddo._C.sdnq_quantize_skip). A model that should
 /// stay quantized is built from `SdnqLinear(dense, quantize_model_options(type))` layers
 /// (linear.h).
 ///
