@@ -143,7 +143,7 @@ def test_capped_load_with_a_dtype_converts_the_disk_units_every_step(flux_dir):
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 @torch.no_grad()
 def test_disk_tier_parameters_read_as_their_weights_and_a_write_is_refused(flux_dir, dtype):
-    # Note [Disk-tier storage] in torch/src/attach_plan.cpp): while the offload
+    # Note [Disk-tier storage] in torch/src/attach_disk_tier.cpp): while the offload
     # is active a disk-tier parameter reads as its weight (not zeros), through ops ddo does not
     # intercept, state_dict and norms alike; with dtype= the converted values come from a
     # temporary file. An in-place write does not fault; serving it is refused, naming the disk

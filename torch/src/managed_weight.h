@@ -80,7 +80,7 @@ struct StreamRuntime {
   // Disk-tier units (Note [Disk tier] in copy_scheduler.cpp): true where a unit's bytes are read
   // from the checkpoint every step instead of living in a slab. Their managed storages point
   // into `disk_backing`: the checkpoint files mapped copy-on-write, and a temporary file for
-  // converted tensors (Note [Disk-tier storage] in attach_plan.cpp).
+  // converted tensors (Note [Disk-tier storage] in attach_disk_tier.cpp).
   std::vector<bool> unit_on_disk;
   std::shared_ptr<void> disk_backing;
   std::unique_ptr<engine::CopyScheduler> scheduler_owner;

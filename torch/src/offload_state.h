@@ -100,7 +100,7 @@ struct SetupFigures {
   std::int64_t disk_bytes = 0;       // streamed bytes left in the files (the disk tier)
   std::int64_t disk_ring_bytes = 0;  // the scheduler's pinned ring for them
   // Disk-tier tensors converted into a temporary file for their parameters' storage (Note
-  // [Disk-tier storage] in attach_plan.cpp).
+  // [Disk-tier storage] in attach_disk_tier.cpp).
   std::int64_t disk_spill_bytes = 0;
   // Residents and move-once tensors the loader read through pinned bounce buffers
   // (Note [Host uploads] in engine/src/host_upload.cpp).

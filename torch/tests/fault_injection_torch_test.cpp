@@ -274,5 +274,69 @@ TEST(FaultInjectionTorch, CopyFailureInTheMiddleOfAStep) {
   expect_restored(model, reference);
 }
 
+// A resident weight large enough that its copy registers its pages (Note [Host uploads] in
+// engine/src/host_upload.cpp) and a streamed one after it.
+struct RegisteredResidentNet {
+  torch::nn::Sequential net{torch::nn::Linear(1024, 2048), torch::nn::Linear(2048, 64)};
+  at::Tensor input = at::randn({2, 1024});
+  at::Tensor run() {
+    torch::NoGradGuard no_grad;
+    return net->forward(input).clone();
+  }
+};
+
+// Every copy of an attach whose resident copy registers host memory, failed in turn: the attach
+// throws and the device holds no host registration afterwards, so the whole pinnable budget can
+// be pinned again (HostRegistrations in torch/src/host_registrations.h owns them on the error
+// path).
+TEST(FaultInjectionTorch, CopyFailureInSetupReleasesHostRegistrations) {
+  torch::manual_seed(16);
+  RegisteredResidentNet model;
+  const at::Tensor reference = model.run();
+  constexpr std::int64_t kPinnable = std::int64_t{64} << 20;
+  TempDir dir;
+  auto faults = std::make_shared<engine::SimFaults>();
+  auto options = [&] {
+    OffloadOptions o =
+        test::sim_options(dir, {{"sim_device_capacity_gb", 0.25},
+                                {"always_resident_modules_pattern", nlohmann::json::array({"^0$"})},
+                                {"pin_cpu_memory", false},
+                                {"auto_vram_headroom_gb", 0.01}});
+    engine::SimDeviceOptions so;
+    so.capacity_bytes = kCapacityBytes;
+    so.pinnable_bytes = kPinnable;
+    o.device = std::shared_ptr<engine::Device>(engine::make_sim_device(so, faults));
+    return o;
+  };
+  std::int64_t calls = 0;
+  {
+    OffloadOptions o = options();
+    auto offload = enable_offload(*model.net, o);
+    EXPECT_GE(offload->report()["resident_bytes"].get<std::int64_t>(), 8 << 20);
+    calls = faults->calls(SimFault::kCopy);
+    offload->remove();
+  }
+  ASSERT_GE(calls, 2) << "the attach made fewer copies than the test needs";
+  for (std::int64_t nth = 1; nth <= calls; ++nth) {
+    SCOPED_TRACE("copy call " + std::to_string(nth) + " of " + std::to_string(calls));
+    OffloadOptions o = options();
+    faults->fail_nth(SimFault::kCopy, nth);
+    try {
+      (void)enable_offload(*model.net, o);
+      ADD_FAILURE() << "the injected fault did not surface";
+    } catch (const Error& e) {
+      expect_injected(e, Code::kUnavailable, "copy");
+    }
+    faults->clear(SimFault::kCopy);
+    // Nothing stays registered: the whole pinnable budget can be pinned again.
+    void* all = nullptr;
+    const Status st = o.device->allocate_host(static_cast<std::size_t>(kPinnable), &all);
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (st.ok()) o.device->deallocate_host(all);
+    for (const at::Tensor& p : model.net->parameters()) EXPECT_FALSE(is_managed(p));
+    EXPECT_TRUE(at::equal(model.run(), reference));
+  }
+}
+
 }  // namespace
 }  // namespace ddo::adapter

@@ -2,7 +2,7 @@
 /// MappedFile: a file in this process's address space, for host storage that must read as the
 /// file's bytes without holding them in memory: the checkpoint tensors of the disk tier, whose
 /// parameters stay readable while the copy scheduler reads the files every step (Note [Disk-tier
-/// storage] in torch/src/attach_plan.cpp). POSIX in core/src/mapped_file_posix.cpp, Win32 in
+/// storage] in torch/src/attach_disk_tier.cpp). POSIX in core/src/mapped_file_posix.cpp, Win32 in
 /// core/src/mapped_file_win32.cpp.
 ///
 /// ```
