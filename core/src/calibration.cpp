@@ -93,13 +93,13 @@ double cap_saved_budget_gb(double budget_gb, double max_resident_budget_gb) {
   return max_resident_budget_gb > 0 ? std::min(budget_gb, max_resident_budget_gb) : budget_gb;
 }
 
-double sdnq_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb) {
+double packed_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb) {
   const double ceiling =
-      max_resident_budget_gb > 0 ? max_resident_budget_gb : kSdnqDefaultProbeCeilingGb;
+      max_resident_budget_gb > 0 ? max_resident_budget_gb : kPackedDefaultProbeCeilingGb;
   return std::max(0.0, std::min(ceiling, total_gb - headroom_gb));
 }
 
-ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, double peak_gb,
+ProfileRecommendation recommend_after_calibration(bool packed, double total_gb, double peak_gb,
                                                   double headroom_gb,
                                                   double max_resident_budget_gb) {
   ProfileRecommendation r;
@@ -108,21 +108,21 @@ ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, do
   r.headroom_gb = headroom_gb;
   const double safe = recommend_resident_budget_gb(total_gb, peak_gb, headroom_gb);
   r.resident_budget_gb = safe;
-  if (!sdnq) {
+  if (!packed) {
     r.profile_measurement_kind = std::string(kKindBaseline);
     return r;
   }
   r.safe_budget_gb = safe;
-  const double ceiling = sdnq_probe_ceiling_gb(max_resident_budget_gb, total_gb, headroom_gb);
-  // SDNQ layers dequantize into temporaries, so a zero-resident peak underestimates what a
+  const double ceiling = packed_probe_ceiling_gb(max_resident_budget_gb, total_gb, headroom_gb);
+  // Packed layers dequantize into temporaries, so a zero-resident peak underestimates what a
   // resident run needs; rather than trusting the safe value, probe the ceiling once and measure.
-  if (safe >= kSdnqProbeMinSafeGb && safe < ceiling) {
-    r.profile_measurement_kind = std::string(kKindSdnqProbePending);
+  if (safe >= kPackedProbeMinSafeGb && safe < ceiling) {
+    r.profile_measurement_kind = std::string(kKindPackedProbePending);
     r.resident_budget_gb = ceiling;
     r.probe_budget_gb = ceiling;
     r.probe_pending = true;
   } else {
-    r.profile_measurement_kind = std::string(kKindSdnqBaselineSafe);
+    r.profile_measurement_kind = std::string(kKindPackedBaselineSafe);
   }
   return r;
 }
@@ -130,7 +130,7 @@ ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, do
 ProfileRecommendation recommend_after_probe(double probe_gb, double total_gb, double peak_gb,
                                             double headroom_gb, double share) {
   ProfileRecommendation r;
-  r.profile_measurement_kind = std::string(kKindSdnqProbe);
+  r.profile_measurement_kind = std::string(kKindPackedProbe);
   r.peak_vram_gb = peak_gb;
   r.total_vram_gb = total_gb;
   r.headroom_gb = headroom_gb;
@@ -242,8 +242,8 @@ void prepare_manual_budget(double manual, const std::string& name, PreparedProfi
       manual, name));
 }
 
-// A saved SDNQ probe is pending and this run can run it: the region applies the probe budget,
-// within the cap and within the room the calibrated peak left on this card.
+// A saved packed-layer probe is pending and this run can run it: the region applies the probe
+// budget, within the cap and within the room the calibrated peak left on this card.
 void prepare_probe(const ProfileRecommendation& rec, const DeviceFacts& device,
                    PreparedProfile& p) {
   ProfileReport& report = p.report;
@@ -283,7 +283,7 @@ void prepare_probe(const ProfileRecommendation& rec, const DeviceFacts& device,
   p.resident_budget_gb = report.resident_budget_gb = probe;
   report.budget_source = "probe";
   report.notes.push_back(fmt::format(
-      "probing a pending SDNQ resident budget of {}; it is not a validated resident run "
+      "probing a pending packed-layer resident budget of {}; it is not a validated resident run "
       "until this profile_run() region finishes",
       format_gib(probe)));
 }
@@ -320,7 +320,7 @@ void prepare_reuse(const ProfileRecommendation& rec, const DynamicOffloadConfig&
   report.budget_source = "profile";
   p.candidate_compute_ms = rec.candidate_compute_ms;
   if (rec.probe_pending) {
-    const bool can_probe = p.sdnq && normalized.has_value() && device.is_cuda_like &&
+    const bool can_probe = p.packed && normalized.has_value() && device.is_cuda_like &&
                            config.execution_mode != ExecutionMode::kPlan &&
                            config.route == Route::kDynamic;
     if (can_probe) {
@@ -328,10 +328,11 @@ void prepare_reuse(const ProfileRecommendation& rec, const DynamicOffloadConfig&
       return;
     }
     budget = rec.safe_budget_gb.value_or(0.0);
-    report.notes.push_back(fmt::format(
-        "the saved SDNQ probe is pending but this run cannot probe it (it needs sdnq_runtime on "
-        "a CUDA device); applying the measured safe budget of {}",
-        format_gib(budget)));
+    report.notes.push_back(
+        fmt::format("the saved packed-layer probe is pending but this run cannot probe it (it "
+                    "needs sdnq_runtime on "
+                    "a CUDA device); applying the measured safe budget of {}",
+                    format_gib(budget)));
   }
   if (const double capped = cap_saved_budget_gb(budget, p.max_resident_budget_gb);
       capped < budget) {
@@ -370,12 +371,12 @@ PreparedProfile prepare_profile(const DynamicOffloadConfig& config, std::string_
   const std::optional<std::string> normalized =
       normalize_calibration_device(config.execution_device);
   // diffusers-dynamic-offloader keys a profile by its execution mode too: a dense calibration says
-  // nothing about an SDNQ run of the same name (Note [diffusers-dynamic-offloader's files] in
-  // profile_schema.cpp).
+  // nothing about a packed (SDNQ) run of the same name (Note [diffusers-dynamic-offloader's files]
+  // in profile_schema.cpp).
   p.identity = ProfileIdentity{name, std::string(model_class), to_string(config.execution_mode)};
   p.record_path = store.path_for(p.identity);
   p.device = normalized.value_or(config.execution_device);
-  p.sdnq = config.execution_mode == ExecutionMode::kSdnqRuntime;
+  p.packed = config.execution_mode == ExecutionMode::kPackedRuntime;
   p.headroom_gb = headroom;
   p.total_vram_gb = bytes_to_gib(device.total_vram_bytes);
   p.max_resident_budget_gb = config.max_resident_module_budget_gb;
@@ -497,7 +498,7 @@ Status finish_region(const PreparedProfile& prepared, const RegionResult& result
   ProfileRecommendation rec;
   double measured_with_gb = 0.0;
   if (prepared.region == RegionAction::kCalibrate) {
-    rec = recommend_after_calibration(prepared.sdnq, total_gb, peak_gb, headroom_gb,
+    rec = recommend_after_calibration(prepared.packed, total_gb, peak_gb, headroom_gb,
                                       prepared.max_resident_budget_gb);
     rec.candidate_compute_ms = result.candidate_compute_ms;
     scale_to_share(result.budget_share, &rec);

@@ -28,7 +28,12 @@ using text::normalize_token;
 constexpr std::array<Spelling<ExecutionMode>, 3> kModeSpellings = {{
     {"plan", ExecutionMode::kPlan},
     {"linear_runtime", ExecutionMode::kLinearRuntime},
-    {"sdnq_runtime", ExecutionMode::kSdnqRuntime},
+    {"sdnq_runtime", ExecutionMode::kPackedRuntime},
+}};
+// A format-neutral name of the packed runtime, accepted wherever a mode is read and never
+// written: "sdnq_runtime" stays the written spelling, as profile keys hash it.
+constexpr std::array<Spelling<ExecutionMode>, 1> kModeAliases = {{
+    {"packed_runtime", ExecutionMode::kPackedRuntime},
 }};
 constexpr std::array<Spelling<Route>, 5> kRouteSpellings = {{
     {"dynamic", Route::kDynamic},
@@ -775,6 +780,13 @@ const char* to_string(Selection selection) {
 }
 
 Status parse_execution_mode(std::string_view text, ExecutionMode* out) {
+  const std::string token = normalize_token(text);
+  for (const auto& alias : kModeAliases) {
+    if (token == alias.name) {
+      *out = alias.value;
+      return Status::ok_status();
+    }
+  }
   return parse_spelling(execution_mode_spellings(), "execution mode", text, out);
 }
 Status parse_route(std::string_view text, Route* out) {

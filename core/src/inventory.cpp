@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "ddo/core/packed_format.h"
+
 namespace ddo::core {
 namespace {
 
@@ -12,18 +14,26 @@ constexpr std::array<std::pair<ModuleKind, const char*>, 5> kModuleKindNames = {
     {ModuleKind::kLinear, "linear"},
     {ModuleKind::kEmbedding, "embedding"},
     {ModuleKind::kConv, "conv"},
-    {ModuleKind::kSdnq, "sdnq"},
+    {ModuleKind::kPacked, "packed"},
     {ModuleKind::kOther, "other"},
 }};
 
-constexpr std::array<std::pair<SdnqRole, const char*>, 7> kSdnqRoleNames = {{
-    {SdnqRole::kNone, "none"},
-    {SdnqRole::kPackedWeight, "packed_weight"},
-    {SdnqRole::kScale, "scale"},
-    {SdnqRole::kZeroPoint, "zero_point"},
-    {SdnqRole::kSvdUp, "svd_up"},
-    {SdnqRole::kSvdDown, "svd_down"},
-    {SdnqRole::kAuxiliary, "auxiliary"},
+constexpr std::array<std::pair<PackedRole, const char*>, 7> kPackedRoleNames = {{
+    {PackedRole::kNone, "none"},
+    {PackedRole::kPackedWeight, "packed_weight"},
+    {PackedRole::kScale, "scale"},
+    {PackedRole::kZeroPoint, "zero_point"},
+    {PackedRole::kLowRankUp, "low_rank_up"},
+    {PackedRole::kLowRankDown, "low_rank_down"},
+    {PackedRole::kAuxiliary, "auxiliary"},
+}};
+
+// SDNQ's spellings, read and never written: the Python gatherer's kind of an SDNQ layer and the
+// role names of existing inventory files. The kind's text is also the layer's format.
+constexpr std::string_view kSdnqKind = "sdnq";
+constexpr std::array<std::pair<PackedRole, const char*>, 2> kPackedRoleAliases = {{
+    {PackedRole::kLowRankUp, "svd_up"},
+    {PackedRole::kLowRankDown, "svd_down"},
 }};
 
 template <typename Enum, std::size_t N>
@@ -78,7 +88,8 @@ Status tensor_from_json(const nlohmann::json& json, std::string_view where, Tens
   DDO_RETURN_IF_ERROR(get_field(json, "on_device", false, &t.on_device, where));
   std::string role = "none";
   DDO_RETURN_IF_ERROR(get_field(json, "sdnq_role", false, &role, where));
-  DDO_RETURN_IF_ERROR(parse_sdnq_role(role, &t.sdnq_role));
+  DDO_RETURN_IF_ERROR(get_field(json, "packed_role", false, &role, where));
+  DDO_RETURN_IF_ERROR(parse_packed_role(role, &t.packed_role));
   *out = std::move(t);
   return Status::ok_status();
 }
@@ -93,6 +104,8 @@ Status module_from_json(const nlohmann::json& json, std::string_view where, Modu
   std::string kind = "other";
   DDO_RETURN_IF_ERROR(get_field(json, "kind", false, &kind, where));
   DDO_RETURN_IF_ERROR(parse_module_kind(kind, &m.kind));
+  if (kind == kSdnqKind) m.packed_format = kSdnqKind;
+  DDO_RETURN_IF_ERROR(get_field(json, "packed_format", false, &m.packed_format, where));
   DDO_RETURN_IF_ERROR(get_field(json, "is_leaf", false, &m.is_leaf, where));
   auto tensors = json.find("tensors");
   if (tensors != json.end()) {
@@ -120,19 +133,29 @@ const char* to_string(ModuleKind kind) {
   return "other";
 }
 
-const char* to_string(SdnqRole role) {
-  for (const auto& [value, name] : kSdnqRoleNames) {
+const char* to_string(PackedRole role) {
+  for (const auto& [value, name] : kPackedRoleNames) {
     if (value == role) return name;
   }
   return "none";
 }
 
 Status parse_module_kind(std::string_view text, ModuleKind* out) {
+  if (text == kSdnqKind) {
+    *out = ModuleKind::kPacked;
+    return Status::ok_status();
+  }
   return parse_name(kModuleKindNames, "module kind", text, out);
 }
 
-Status parse_sdnq_role(std::string_view text, SdnqRole* out) {
-  return parse_name(kSdnqRoleNames, "sdnq role", text, out);
+Status parse_packed_role(std::string_view text, PackedRole* out) {
+  for (const auto& [value, name] : kPackedRoleAliases) {
+    if (text == name) {
+      *out = value;
+      return Status::ok_status();
+    }
+  }
+  return parse_name(kPackedRoleNames, "packed role", text, out);
 }
 
 bool is_within(std::string_view name, std::string_view ancestor) {
@@ -153,51 +176,40 @@ std::int64_t ModelInventory::total_bytes() const {
   return total;
 }
 
-bool ModelInventory::has_sdnq_layers() const {
+bool ModelInventory::has_packed_layers() const {
   return std::any_of(modules.begin(), modules.end(),
-                     [](const ModuleInfo& m) { return m.kind == ModuleKind::kSdnq; });
+                     [](const ModuleInfo& m) { return m.kind == ModuleKind::kPacked; });
 }
 
 // Note [Dequantized temporaries]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// An SDNQ layer runs as dequantize-then-GEMM: while it runs, the device holds its dequantized
-// weight, [out, in] in the result dtype, next to the packed bytes in staging; for uint4 that is
-// four times the streamed unit. The working set must leave room for it (the staging window is
-// sized from what is left after it, and a card that cannot hold it with the smallest staging is
-// refused before anything moves), or the first forward runs out of memory on a card the plan
-// said was large enough. The inventory does not carry the layout code, so the count is taken
-// from the tensors: out * in values, the packed weight's element count times two for a one-byte
-// weight (a uint4 weight packs two values per byte; an int8 layer is over-counted by two, which
-// only shrinks the window a little). The bytes per value are the caller's: the CUDA kernel
-// writes the result dtype once (2 for bf16/fp16); the ATen reference (the host simulation, a GPU
-// without a kernel image) holds float32 values and products beside the result, 10 in all.
-std::int64_t ModelInventory::largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const {
+// A packed layer runs as dequantize-then-GEMM: while it runs, the device holds its dequantized
+// weight, [out, in] in the result dtype, next to the packed bytes in staging; for SDNQ uint4
+// that is four times the streamed unit. The working set must leave room for it (the staging
+// window is sized from what is left after it, and a card that cannot hold it with the smallest
+// staging is refused before anything moves), or the first forward runs out of memory on a card
+// the plan said was large enough. The inventory does not carry a format's layout, so the count
+// is taken from the packed weight: its element count times the values one element holds, a fact
+// of the format (Note [Packed formats] in packed_format.cpp; SDNQ: two for a one-byte weight, as
+// uint4 packs two values per byte and an int8 layer is over-counted by two, which only shrinks
+// the window a little). A format nobody registered counts one value per element. The bytes per
+// value are the caller's: the CUDA kernel writes the result dtype once (2 for bf16/fp16); the
+// ATen reference (the host simulation, a GPU without a kernel image) holds float32 values and
+// products beside the result, 10 in all.
+std::int64_t ModelInventory::largest_packed_temporary_bytes(std::int64_t bytes_per_element) const {
   std::int64_t largest = 0;
   for (const ModuleInfo& m : modules) {
-    if (m.kind != ModuleKind::kSdnq) continue;
+    if (m.kind != ModuleKind::kPacked) continue;
+    const PackedFormat* format = find_packed_format(m.packed_format);
     for (const TensorInfo& t : m.tensors) {
-      if (t.sdnq_role != SdnqRole::kPackedWeight) continue;
+      if (t.packed_role != PackedRole::kPackedWeight) continue;
       std::int64_t numel = 1;
       for (const std::int64_t d : t.shape) numel *= d;
-      const bool one_byte = t.dtype == "uint8" || t.dtype == "int8";
-      largest = std::max(largest, (one_byte ? 2 * numel : numel) * bytes_per_element);
+      const std::int64_t values = format != nullptr ? format->values_in(t.dtype, numel) : numel;
+      largest = std::max(largest, values * bytes_per_element);
     }
   }
   return largest;
-}
-
-SdnqRole sdnq_role_for_name(std::string_view tensor_name) {
-  if (tensor_name == "weight") return SdnqRole::kPackedWeight;
-  if (tensor_name == "scale") return SdnqRole::kScale;
-  if (tensor_name == "zero_point") return SdnqRole::kZeroPoint;
-  if (tensor_name == "svd_up") return SdnqRole::kSvdUp;
-  if (tensor_name == "svd_down") return SdnqRole::kSvdDown;
-  // Double quantization's second level and the zero point's own scales.
-  if (tensor_name == "scale_2" || tensor_name == "scale_zero_point" ||
-      tensor_name == "zero_point_scale" || tensor_name == "zero_point_2") {
-    return SdnqRole::kAuxiliary;
-  }
-  return SdnqRole::kNone;
 }
 
 const ModuleInfo* ModelInventory::find_module(std::string_view name) const {
@@ -255,13 +267,15 @@ nlohmann::json ModelInventory::to_json() const {
                               {"is_parameter", t.is_parameter},
                               {"already_pinned", t.already_pinned},
                               {"on_device", t.on_device},
-                              {"sdnq_role", to_string(t.sdnq_role)}});
+                              {"packed_role", to_string(t.packed_role)}});
     }
-    mods.push_back({{"name", m.name},
-                    {"class_name", m.class_name},
-                    {"kind", to_string(m.kind)},
-                    {"is_leaf", m.is_leaf},
-                    {"tensors", std::move(tensors_json)}});
+    nlohmann::json module_json = {{"name", m.name},
+                                  {"class_name", m.class_name},
+                                  {"kind", to_string(m.kind)},
+                                  {"is_leaf", m.is_leaf},
+                                  {"tensors", std::move(tensors_json)}};
+    if (!m.packed_format.empty()) module_json["packed_format"] = m.packed_format;
+    mods.push_back(std::move(module_json));
   }
   return {{"model_class", model_class}, {"modules", std::move(mods)}};
 }
@@ -288,24 +302,22 @@ Status ModelInventory::from_json(const nlohmann::json& json, ModelInventory* out
 }
 
 std::string ModelInventory::weights_summary() const {
-  std::set<std::string> formats;
+  std::set<std::string> packed;
+  std::set<std::string> dense;
   for (const ModuleInfo& m : modules) {
     for (const TensorInfo& t : m.tensors) {
-      if (m.kind == ModuleKind::kSdnq && t.sdnq_role == SdnqRole::kPackedWeight) {
-        formats.insert("sdnq " + t.dtype);
-      } else if (m.kind != ModuleKind::kSdnq && m.kind != ModuleKind::kOther &&
+      if (m.kind == ModuleKind::kPacked && t.packed_role == PackedRole::kPackedWeight) {
+        packed.insert((m.packed_format.empty() ? "packed" : m.packed_format) + " " + t.dtype);
+      } else if (m.kind != ModuleKind::kPacked && m.kind != ModuleKind::kOther &&
                  t.name == "weight") {
-        formats.insert(t.dtype);
+        dense.insert(t.dtype);
       }
     }
   }
   std::string out;
-  // SDNQ formats first: they say how the model computes.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const std::string& f : formats) {
-      if ((f.rfind("sdnq ", 0) == 0) != (pass == 0)) continue;
-      out += out.empty() ? f : " + " + f;
-    }
+  // Packed formats first: they say how the model computes.
+  for (const std::set<std::string>* formats : {&packed, &dense}) {
+    for (const std::string& f : *formats) out += out.empty() ? f : " + " + f;
   }
   return out;
 }

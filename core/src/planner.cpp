@@ -61,19 +61,21 @@ Plan Planner::run() {
   plan_.mode = config_.execution_mode;
   plan_.route = config_.route;
   plan_.execute = config_.execution_mode != ExecutionMode::kPlan;
-  const bool has_sdnq = inv_.has_sdnq_layers();
+  const bool has_packed = inv_.has_packed_layers();
   const ExecutionMode effective = resolve_execution_mode(config_.execution_mode, inv_);
-  plan_.sdnq = effective == ExecutionMode::kSdnqRuntime ||
-               (config_.execution_mode == ExecutionMode::kPlan && has_sdnq);
+  plan_.packed = effective == ExecutionMode::kPackedRuntime ||
+                 (config_.execution_mode == ExecutionMode::kPlan && has_packed);
   if (effective != config_.execution_mode) {
     plan_.mode = effective;
+    // The decision's name follows the runtime's spelling (sdnq_runtime, config.h).
     decide("sdnq_runtime_auto", {{"requested", to_string(config_.execution_mode)}},
-           "the model has SDNQ layers: their packed tensors stream with the sdnq_runtime rules");
+           fmt::format("the model has packed layers: their packed tensors stream with the {} rules",
+                       to_string(ExecutionMode::kPackedRuntime)));
   }
   if (config_.execution_mode == ExecutionMode::kPlan) {
     decide("plan_mode",
-           {{"classified_as",
-             to_string(plan_.sdnq ? ExecutionMode::kSdnqRuntime : ExecutionMode::kLinearRuntime)}},
+           {{"classified_as", to_string(plan_.packed ? ExecutionMode::kPackedRuntime
+                                                     : ExecutionMode::kLinearRuntime)}},
            "plan mode: placements are reported, nothing is moved");
   }
   index_parents();
@@ -101,17 +103,18 @@ Plan Planner::run() {
 }  // namespace planner_internal
 
 ExecutionMode resolve_execution_mode(ExecutionMode requested, const ModelInventory& inventory) {
-  const bool has_sdnq = inventory.has_sdnq_layers();
-  if (requested == ExecutionMode::kSdnqRuntime) {
-    DDO_CHECK(has_sdnq, Code::kInvalidArgument,
-              "execution_mode sdnq_runtime needs SDNQ layers, "
-              "but ",
+  const bool has_packed = inventory.has_packed_layers();
+  if (requested == ExecutionMode::kPackedRuntime) {
+    DDO_CHECK(has_packed, Code::kInvalidArgument, "execution_mode ", to_string(requested),
+              " needs SDNQ layers or another format's packed layers, but ",
               inventory.model_class.empty() ? "the model" : inventory.model_class,
               " has none; use linear_runtime (or preset auto, which picks the runtime from the "
               "model)");
     return requested;
   }
-  if (requested == ExecutionMode::kLinearRuntime && has_sdnq) return ExecutionMode::kSdnqRuntime;
+  if (requested == ExecutionMode::kLinearRuntime && has_packed) {
+    return ExecutionMode::kPackedRuntime;
+  }
   return requested;
 }
 

@@ -5,7 +5,7 @@
 //   planner.cpp            checks, the module tree, the order of the phases (run), make_plan
 //   planner_patterns.cpp   skip and always-resident patterns, the auto block pattern
 //   planner_residency.cpp  resident candidates, costs, the budget, selection orders
-//   planner_pinning.cpp    pin admission against RAM and explicit bounds, SDNQ admission
+//   planner_pinning.cpp    pin admission against RAM and explicit bounds, packed-layer admission
 //   planner_tiers.cpp      the host RAM budget and the disk tier (Note [Disk tier plan])
 //   planner_units.cpp      which tensors stream, placements, stream units, whole-component routes
 //   planner_report.cpp     Plan::to_json, Plan::summary
@@ -146,7 +146,7 @@ class Planner {
   void plan_tiers();
   void plan_pinning();
   void admit_linear_pins(std::int64_t candidates);
-  void admit_sdnq_pins(std::int64_t candidates);
+  void admit_packed_pins(std::int64_t candidates);
   void pin_selected(const std::vector<TensorRef>& candidates, std::int64_t budget);
   void build_stream_units();
   void plan_whole_route();

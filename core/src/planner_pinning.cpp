@@ -1,5 +1,5 @@
 // Planner phases that decide pinning: explicit bounds, RAM admission (pin all, tiered, skip), the
-// 95 % snap, the SDNQ admission of the seed, and which streamed tensors get the budget.
+// 95 % snap, the packed-layer admission of the seed, and which streamed tensors get the budget.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -61,8 +61,8 @@ void Planner::plan_pinning() {
                                   : "pin_cpu_memory is off");
     return;
   }
-  if (plan_.sdnq) {
-    admit_sdnq_pins(plan_.pin_candidate_bytes);
+  if (plan_.packed) {
+    admit_packed_pins(plan_.pin_candidate_bytes);
   } else {
     admit_linear_pins(plan_.pin_candidate_bytes);
   }
@@ -160,14 +160,15 @@ void Planner::admit_linear_pins(std::int64_t candidates) {
   plan_.pin_budget_bytes = budget;
 }
 
-void Planner::admit_sdnq_pins(std::int64_t fresh) {
-  // diffusers-dynamic-offloader: counts direct packed tensors, scales and auxiliaries; the ceiling,
+void Planner::admit_packed_pins(std::int64_t fresh) {
+  // diffusers-dynamic-offloader's SDNQ admission, for every packed format: counts direct packed
+  // tensors, scales and auxiliaries by role; the ceiling,
   // ratio, maximum and known RAM headroom bound new pins; loader pins are kept and any excess
   // reported.
   std::map<std::string, std::int64_t> by_role;  // ordered for a stable JSON
   for (TensorRef ref : streamed_) {
     if (!on_disk_[ref.module][ref.tensor])
-      by_role[to_string(tensor(ref).sdnq_role)] += tensor(ref).bytes;
+      by_role[to_string(tensor(ref).packed_role)] += tensor(ref).bytes;
   }
   const std::int64_t existing = plan_.loader_pinned_bytes;
   const std::int64_t all = fresh + existing;
@@ -190,7 +191,7 @@ void Planner::admit_sdnq_pins(std::int64_t fresh) {
   budget = std::min(budget, fresh);
   plan_.pin_budget_bytes = budget;
   const nlohmann::json usable_json = usable ? nlohmann::json(*usable) : nlohmann::json(nullptr);
-  decide("sdnq_pin_admission",
+  decide("packed_pin_admission",
          {{"candidate_bytes", all},
           {"candidate_bytes_by_role", by_role},
           {"loader_pinned_bytes", existing},
@@ -214,7 +215,7 @@ void Planner::admit_sdnq_pins(std::int64_t fresh) {
   }
   if (existing > ceiling) {
     plan_.pin_excess_bytes = existing - ceiling;
-    decide("sdnq_pin_excess",
+    decide("packed_pin_excess",
            {{"loader_pinned_bytes", existing},
             {"ceiling_bytes", ceiling},
             {"excess_bytes", plan_.pin_excess_bytes}},

@@ -89,7 +89,7 @@ nlohmann::json Plan::to_json() const {
   return {{"mode", to_string(mode)},
           {"route", to_string(route)},
           {"execute", execute},
-          {"sdnq", sdnq},
+          {"packed", packed},
           {"block_pattern", block_pattern},
           {"block_patterns", block_patterns},
           {"resident_patterns", resident_patterns},
@@ -118,7 +118,7 @@ std::string Plan::summary() const {
   std::size_t counts[4] = {0, 0, 0, 0};
   for (const ModulePlan& m : modules) ++counts[static_cast<int>(m.placement)];
   std::string out = fmt::format("ddo plan: {}, route {}{}{}\n", to_string(mode), to_string(route),
-                                execute ? "" : " (report only)", sdnq ? ", sdnq" : "");
+                                execute ? "" : " (report only)", packed ? ", packed layers" : "");
   out += fmt::format("  modules: {} resident, {} streamed, {} device-once, {} skipped\n", counts[0],
                      counts[1], counts[2], counts[3]);
   out += fmt::format("  resident: budget {}, used {} of {} candidates; always-resident {}\n",

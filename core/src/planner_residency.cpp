@@ -275,7 +275,7 @@ std::int64_t Planner::vram_headroom() const {
 }
 
 std::int64_t Planner::staging_estimate(bool with_always_resident) {
-  // The units this route streams (build_stream_units): tensors (SDNQ layers whole) on the dynamic
+  // The units this route streams (build_stream_units): tensors (packed layers whole) on the dynamic
   // route, leaf modules or blocks on the classic ones. Residents are not known yet, so every
   // streamable byte counts as streamed: the window is bounded by it, an upper bound is enough.
   // With always-resident modules counted, only their largest unit counts: the estimate is the
@@ -285,7 +285,7 @@ std::int64_t Planner::staging_estimate(bool with_always_resident) {
   for (std::size_t m = 0; m < n_; ++m) {
     if (skipped_[m] || (always_resident_[m] && !with_always_resident)) continue;
     const bool whole = config_.route == Route::kGroupLeaf ||
-                       (plan_.sdnq && inv_.modules[m].kind == ModuleKind::kSdnq);
+                       (plan_.packed && inv_.modules[m].kind == ModuleKind::kPacked);
     for (std::size_t t = 0; t < streamable_[m].size(); ++t) {
       if (!streamable_[m][t]) continue;
       const std::int64_t bytes = inv_.modules[m].tensors[t].bytes;

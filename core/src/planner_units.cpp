@@ -1,4 +1,4 @@
-// Planner phases that decide what streams: which tensors are streamable (Note [SDNQ layer
+// Planner phases that decide what streams: which tensors are streamable (Note [Packed layer
 // units]), every module's placement and tensor actions, the stream units of each route, and the
 // routes that do not stream.
 #include <algorithm>
@@ -24,27 +24,28 @@ void Planner::classify_tensors() {
     const ModuleInfo& mod = inv_.modules[m];
     streamable_[m].assign(mod.tensors.size(), false);
     if (skipped_[m]) continue;
-    // Note [SDNQ layer units]: an SDNQ layer's packed weight and its scales, zero points and
-    // SVD factors are read together by one dequantize, so they stream together or not at all.
-    // The threshold applies to the layer's role bytes, not to each tensor: uint4 scales and
-    // zero points (an eighth of the packed bytes each at group 64) would otherwise all be moved
-    // once and fill a small card with tensors that are only read when their weight is.
-    std::int64_t sdnq_layer_bytes = 0;
-    if (plan_.sdnq && mod.kind == ModuleKind::kSdnq) {
+    // Note [Packed layer units]: a packed layer's packed weight and its scales, zero points and
+    // low-rank factors (every tensor with a role, whatever the format) are read together by one
+    // dequantize, so they stream together or not at all. The threshold applies to the layer's
+    // role bytes, not to each tensor: SDNQ uint4 scales and zero points (an eighth of the packed
+    // bytes each at group 64) would otherwise all be moved once and fill a small card with
+    // tensors that are only read when their weight is.
+    std::int64_t packed_layer_bytes = 0;
+    if (plan_.packed && mod.kind == ModuleKind::kPacked) {
       for (const TensorInfo& info : mod.tensors) {
-        if (info.sdnq_role != SdnqRole::kNone) sdnq_layer_bytes += info.bytes;
+        if (info.packed_role != PackedRole::kNone) packed_layer_bytes += info.bytes;
       }
     }
     for (std::size_t t = 0; t < mod.tensors.size(); ++t) {
       const TensorInfo& info = mod.tensors[t];
       bool eligible = false;
-      if (plan_.sdnq) {
-        eligible = mod.kind == ModuleKind::kSdnq && info.sdnq_role != SdnqRole::kNone;
+      if (plan_.packed) {
+        eligible = mod.kind == ModuleKind::kPacked && info.packed_role != PackedRole::kNone;
         if (mod.kind == ModuleKind::kLinear) {
           ++fallback_count;
           fallback_bytes += info.bytes;
         }
-        if (eligible && sdnq_layer_bytes > threshold) {
+        if (eligible && packed_layer_bytes > threshold) {
           streamable_[m][t] = true;
           own_cost_[m] += info.bytes;
           continue;
@@ -80,9 +81,10 @@ void Planner::classify_tensors() {
                        small_count, threshold));
   }
   if (fallback_count > 0) {
-    decide("sdnq_dense_fallback_resident", {{"tensors", fallback_count}, {"bytes", fallback_bytes}},
+    decide("packed_dense_fallback_resident",
+           {{"tensors", fallback_count}, {"bytes", fallback_bytes}},
            fmt::format("{} tensors of dense fallback Linears ({}) stay on the device and are not "
-                       "SDNQ pin candidates",
+                       "packed pin candidates",
                        fallback_count, gib(fallback_bytes)));
   }
 }
@@ -147,22 +149,23 @@ void Planner::build_stream_units() {
   };
   std::string grain_reason;
   if (config_.route == Route::kDynamic) {
-    // One unit per tensor, except SDNQ layers: one unit per layer (Note [SDNQ layer units]).
+    // One unit per tensor, except packed layers: one unit per layer (Note [Packed layer units]).
     for (TensorRef ref : streamed_) {
-      const bool sdnq_layer = inv_.modules[ref.module].kind == ModuleKind::kSdnq;
-      if (sdnq_layer && !units.empty() && units.back().tensors.back().module == ref.module) {
+      const bool packed_layer = inv_.modules[ref.module].kind == ModuleKind::kPacked;
+      if (packed_layer && !units.empty() && units.back().tensors.back().module == ref.module) {
         units.back().tensors.push_back(ref);
         units.back().bytes += tensor(ref).bytes;
         continue;
       }
-      units.push_back({sdnq_layer ? name_of(ref.module) : tensor_name(ref),
+      units.push_back({packed_layer ? name_of(ref.module) : tensor_name(ref),
                        {ref},
                        tensor(ref).bytes,
-                       sdnq_layer ? "sdnq_layer" : "tensor"});
+                       packed_layer ? "packed_layer" : "tensor"});
     }
-    grain_reason = plan_.sdnq ? "dynamic route: each weight just in time; an SDNQ layer's packed "
-                                "weight, scales and zero points are read by one dequantize"
-                              : "dynamic route: each weight just in time";
+    grain_reason = plan_.packed
+                       ? "dynamic route: each weight just in time; a packed layer's packed "
+                         "weight, scales and zero points are read by one dequantize"
+                       : "dynamic route: each weight just in time";
   } else {
     // Lookup only; units keep first-appearance (model) order.
     std::map<std::string, std::size_t> unit_of;

@@ -380,8 +380,8 @@ namespace {
 constexpr std::string_view kLibraryProbeKey = "sdnq_probe_resident_budget_gb";
 
 bool is_known_kind(std::string_view kind) {
-  return kind == kKindBaseline || kind == kKindSdnqBaselineSafe || kind == kKindSdnqProbePending ||
-         kind == kKindSdnqProbe;
+  return kind == kKindBaseline || kind == kKindPackedBaselineSafe ||
+         kind == kKindPackedProbePending || kind == kKindPackedProbe;
 }
 
 // The fields of `object` whose names are not in `known`.
@@ -476,9 +476,9 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
   if (!get_string(value, "profile_measurement_kind", &r.profile_measurement_kind)) {
     std::string kind;
     if (r.probe_pending) {
-      r.profile_measurement_kind = std::string(kKindSdnqProbePending);
+      r.profile_measurement_kind = std::string(kKindPackedProbePending);
     } else if (get_string(observed, "profile_measurement_kind", &kind) && is_known_kind(kind) &&
-               kind != kKindSdnqProbePending) {
+               kind != kKindPackedProbePending) {
       r.profile_measurement_kind = kind;
     } else {
       r.profile_measurement_kind = std::string(kKindBaseline);
@@ -488,7 +488,7 @@ Status ProfileRecommendation::from_json(const json& value, ProfileRecommendation
   if (!is_known_kind(kind)) {
     return data_loss(fmt::format("unknown profile_measurement_kind '{}'", kind));
   }
-  if (r.probe_pending != (kind == kKindSdnqProbePending)) {
+  if (r.probe_pending != (kind == kKindPackedProbePending)) {
     return data_loss(fmt::format("recommendation.{} disagrees with its measurement kind '{}'",
                                  kLibraryProbeKey, kind));
   }

@@ -195,29 +195,31 @@ TEST_F(CalibrationTest, TheSavedRecommendationUsesTheReservedStartAsThePeakFloor
 TEST(RecommendationMathTest, BudgetIsTotalMinusPeakMinusHeadroomNeverNegative) {
   EXPECT_DOUBLE_EQ(recommend_resident_budget_gb(8, 6, 1), 1.0);
   EXPECT_DOUBLE_EQ(recommend_resident_budget_gb(8, 7.5, 1), 0.0);
-  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(6, 8, 1), 6.0);
-  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(0, 24, 1), kSdnqDefaultProbeCeilingGb);
-  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(10, 8, 1), 7.0);  // never above total - headroom
-  EXPECT_DOUBLE_EQ(sdnq_probe_ceiling_gb(6, 4, 1), 3.0);
+  EXPECT_DOUBLE_EQ(packed_probe_ceiling_gb(6, 8, 1), 6.0);
+  EXPECT_DOUBLE_EQ(packed_probe_ceiling_gb(0, 24, 1), kPackedDefaultProbeCeilingGb);
+  EXPECT_DOUBLE_EQ(packed_probe_ceiling_gb(10, 8, 1), 7.0);  // never above total - headroom
+  EXPECT_DOUBLE_EQ(packed_probe_ceiling_gb(6, 4, 1), 3.0);
 }
 
-TEST(RecommendationMathTest, SdnqSafeBelowTwoGibDoesNotProbe) {
+TEST(RecommendationMathTest, PackedSafeBelowTwoGibDoesNotProbe) {
   ProfileRecommendation r = recommend_after_calibration(true, 8, 5.1, 1, 6);  // safe 1.9
-  EXPECT_EQ(r.profile_measurement_kind, kKindSdnqBaselineSafe);
+  EXPECT_EQ(r.profile_measurement_kind, kKindPackedBaselineSafe);
+  // The packed kinds keep diffusers-dynamic-offloader's file spellings for every format.
+  EXPECT_EQ(r.profile_measurement_kind, "sdnq_baseline_safe");
   EXPECT_NEAR(r.resident_budget_gb, 1.9, 1e-9);
 }
 
-TEST(RecommendationMathTest, SdnqSafeAtOrAboveCeilingDoesNotProbe) {
+TEST(RecommendationMathTest, PackedSafeAtOrAboveCeilingDoesNotProbe) {
   // 24 GiB card, peak 4: safe 19 >= ceiling 6.
   ProfileRecommendation r = recommend_after_calibration(true, 24, 4, 1, 6);
-  EXPECT_EQ(r.profile_measurement_kind, kKindSdnqBaselineSafe);
+  EXPECT_EQ(r.profile_measurement_kind, kKindPackedBaselineSafe);
   EXPECT_DOUBLE_EQ(r.resident_budget_gb, 19.0);
   EXPECT_FALSE(r.probe_pending);
 }
 
 TEST(RecommendationMathTest, ProbeResultIsClampedAtZero) {
   ProfileRecommendation r = recommend_after_probe(6, 8, 20, 1);
-  EXPECT_EQ(r.profile_measurement_kind, kKindSdnqProbe);
+  EXPECT_EQ(r.profile_measurement_kind, kKindPackedProbe);
   EXPECT_DOUBLE_EQ(r.resident_budget_gb, 0.0);
   EXPECT_DOUBLE_EQ(recommend_after_probe(6, 8, 6.5, 1).resident_budget_gb, 6.0);  // it fit
 }
@@ -337,8 +339,8 @@ TEST_F(CalibrationTest, TheSavedBudgetNamesTheWeightsItWasMeasuredWith) {
   EXPECT_EQ(ProfileRecord::from_json(file, &without).code(), Code::kDataLoss);
 }
 
-TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplacesIt) {
-  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+TEST_F(CalibrationTest, PackedBaselineWithRoomSavesAPendingProbeThenTheProbeReplacesIt) {
+  config_.execution_mode = ExecutionMode::kPackedRuntime;
   ProfileReport baseline = calibrate(4.5);  // safe 2.5 GiB: >= 2 and < ceiling 6
   EXPECT_EQ(baseline.status, ProfileStatus::kSaved);
   EXPECT_EQ(baseline.profile_measurement_kind, "sdnq_baseline_probe_pending");
@@ -384,8 +386,8 @@ TEST_F(CalibrationTest, SdnqBaselineWithRoomSavesAPendingProbeThenTheProbeReplac
   EXPECT_EQ(record->capacity.at("resident_budget_gb").min_failure, 3.0);
 }
 
-TEST_F(CalibrationTest, SdnqBaselineWithLittleRoomIsSafe) {
-  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+TEST_F(CalibrationTest, PackedBaselineWithLittleRoomIsSafe) {
+  config_.execution_mode = ExecutionMode::kPackedRuntime;
   ProfileReport report = calibrate(6.17);
   EXPECT_EQ(report.profile_measurement_kind, "sdnq_baseline_safe");
   EXPECT_NEAR(*report.resident_budget_gb, 0.83, 1e-6);
@@ -455,7 +457,7 @@ TEST_F(CalibrationTest, ExceptionInsideTheRegionLeavesTheProfileByteForByte) {
 }
 
 TEST_F(CalibrationTest, AbortedProbeKeepsThePendingProbe) {
-  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  config_.execution_mode = ExecutionMode::kPackedRuntime;
   calibrate(4.5);
   ProfileStore s = store();
   const std::string before = read_all(s.path_for({"my-workload", std::string(kClass)}));
@@ -467,10 +469,10 @@ TEST_F(CalibrationTest, AbortedProbeKeepsThePendingProbe) {
   EXPECT_EQ(prepare_profile(config_, kClass, s, kCard8).status, ProfileStatus::kProbing);
 }
 
-// The execution mode is part of the identity (diffusers-dynamic-offloader's identity version 2): an
-// SDNQ profile is not found by a dense run of the same name.
+// The execution mode is part of the identity (diffusers-dynamic-offloader's identity version 2): a
+// packed (SDNQ) profile is not found by a dense run of the same name.
 TEST_F(CalibrationTest, TheExecutionModeIsPartOfTheIdentity) {
-  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  config_.execution_mode = ExecutionMode::kPackedRuntime;
   calibrate(4.5);
   config_.execution_mode = ExecutionMode::kLinearRuntime;
   ProfileStore s = store();
@@ -478,7 +480,7 @@ TEST_F(CalibrationTest, TheExecutionModeIsPartOfTheIdentity) {
 }
 
 TEST_F(CalibrationTest, PendingProbeARunCannotProbeAppliesTheSafeBudget) {
-  config_.execution_mode = ExecutionMode::kSdnqRuntime;
+  config_.execution_mode = ExecutionMode::kPackedRuntime;
   calibrate(4.5);
   ProfileStore s = store();
   const DeviceFacts host{.is_cuda_like = false, .total_vram_bytes = 0};

@@ -65,7 +65,7 @@ TEST(ConfigDefaults, AlwaysResidentPatternMatchesDottedComponents) {
 
 TEST(ConfigEnums, RoundTripEverySpelling) {
   for (auto mode :
-       {ExecutionMode::kPlan, ExecutionMode::kLinearRuntime, ExecutionMode::kSdnqRuntime}) {
+       {ExecutionMode::kPlan, ExecutionMode::kLinearRuntime, ExecutionMode::kPackedRuntime}) {
     ExecutionMode parsed{};
     ASSERT_TRUE(parse_execution_mode(to_string(mode), &parsed).ok());
     EXPECT_EQ(parsed, mode);
@@ -91,7 +91,7 @@ TEST(ConfigEnums, RoundTripEverySpelling) {
 TEST(ConfigEnums, SpecSpellings) {
   EXPECT_STREQ(to_string(ExecutionMode::kPlan), "plan");
   EXPECT_STREQ(to_string(ExecutionMode::kLinearRuntime), "linear_runtime");
-  EXPECT_STREQ(to_string(ExecutionMode::kSdnqRuntime), "sdnq_runtime");
+  EXPECT_STREQ(to_string(ExecutionMode::kPackedRuntime), "sdnq_runtime");
   EXPECT_STREQ(to_string(Route::kDynamic), "dynamic");
   EXPECT_STREQ(to_string(Route::kGroupBlock), "group_block");
   EXPECT_STREQ(to_string(Route::kGroupLeaf), "group_leaf");
@@ -102,6 +102,23 @@ TEST(ConfigEnums, SpecSpellings) {
   EXPECT_STREQ(to_string(Selection::kFirst), "first");
   EXPECT_STREQ(to_string(Selection::kSpread), "spread");
   EXPECT_STREQ(to_string(Selection::kLargest), "largest");
+}
+
+// The packed runtime keeps "sdnq_runtime" as its written spelling (config files, profile keys)
+// and also reads the format-neutral "packed_runtime", in a config file as in parse_*.
+TEST(ConfigEnums, ThePackedRuntimeReadsBothSpellingsAndWritesSdnqRuntime) {
+  for (const char* text : {"sdnq_runtime", "packed_runtime", " Packed_Runtime "}) {
+    ExecutionMode mode = ExecutionMode::kPlan;
+    ASSERT_TRUE(parse_execution_mode(text, &mode).ok()) << text;
+    EXPECT_EQ(mode, ExecutionMode::kPackedRuntime) << text;
+  }
+  for (const char* text : {"sdnq_runtime", "packed_runtime"}) {
+    DynamicOffloadConfig c;
+    const Status s = apply_overrides(&c, {{"execution_mode", text}});
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(c.execution_mode, ExecutionMode::kPackedRuntime) << text;
+    EXPECT_EQ(config_to_json(c).at("execution_mode"), "sdnq_runtime");
+  }
 }
 
 TEST(ConfigEnums, ParseIsCaseInsensitiveAndTrims) {
@@ -205,7 +222,7 @@ TEST(ConfigJson, HasEveryFieldWithTypedValues) {
 
 TEST(ConfigJson, RoundTripsThroughOverrides) {
   DynamicOffloadConfig a;
-  a.execution_mode = ExecutionMode::kSdnqRuntime;
+  a.execution_mode = ExecutionMode::kPackedRuntime;
   a.route = Route::kGroupLeaf;
   a.pin_cpu_workers = 3;
   a.available_system_ram_gb = 20;

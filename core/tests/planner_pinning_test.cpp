@@ -1,4 +1,4 @@
-// Planner tests: pin admission (linear and SDNQ) (planner_pinning.cpp).
+// Planner tests: pin admission (linear and packed layers) (planner_pinning.cpp).
 #include <algorithm>
 #include <regex>
 #include <string>
@@ -170,12 +170,12 @@ TEST(PlannerPin, LoaderPinsArePreservedAndDoNotCountAgainstNewPins) {
   EXPECT_FALSE(q.tensors[0].pin);
 }
 
-TEST(PlannerSdnq, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) {
+TEST(PlannerPacked, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) {
   ModelInventory inv = flux_inventory({.h = 1024, .sdnq = true});
   // The loader pinned every packed weight of the first four double blocks.
   std::int64_t loader_bytes = 0;
   for (ModuleInfo& m : inv.modules) {
-    if (m.kind != ModuleKind::kSdnq) continue;
+    if (m.kind != ModuleKind::kPacked) continue;
     for (int b = 0; b < 4; ++b) {
       if (m.name.rfind("transformer_blocks." + std::to_string(b) + ".", 0) != 0) continue;
       m.tensors[0].already_pinned = true;
@@ -183,14 +183,14 @@ TEST(PlannerSdnq, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) 
     }
   }
   DynamicOffloadConfig config;
-  config.execution_mode = ExecutionMode::kSdnqRuntime;
+  config.execution_mode = ExecutionMode::kPackedRuntime;
   config.pin_cpu_memory = true;
   config.resident_module_patterns.clear();
   config.pin_weight_budget_gb = bytes_to_gib(loader_bytes / 2);  // ceiling below the loader's pins
   PlanContext ctx;
   ctx.available_ram_bytes = 512 * kGB;
   const Plan plan = make_plan(inv, config, ctx);
-  EXPECT_TRUE(plan.sdnq);
+  EXPECT_TRUE(plan.packed);
 
   // Dense fallback Linears (the norm modulations) stay on the device and are not candidates.
   const ModulePlan& fallback = module(plan, "transformer_blocks.2.norm1.linear");
@@ -198,7 +198,7 @@ TEST(PlannerSdnq, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) 
   EXPECT_EQ(fallback.tensors[0].action, TensorAction::kMoveOnce);
   // Weight and bias of 2 modulation Linears per double block, 1 per single block, and the 5
   // dense top-level Linears.
-  EXPECT_EQ(decision(plan, "sdnq_dense_fallback_resident").inputs["tensors"],
+  EXPECT_EQ(decision(plan, "packed_dense_fallback_resident").inputs["tensors"],
             2 * (19 * 2 + 38 * 1 + 5));
   // Packed weights, scales and zero points of SDNQ layers stream; biases move once.
   const ModulePlan& q = module(plan, "transformer_blocks.9.attn.to_q");
@@ -207,7 +207,7 @@ TEST(PlannerSdnq, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) 
   EXPECT_EQ(q.tensors[2].action, TensorAction::kStream);
   EXPECT_EQ(q.tensors[3].action, TensorAction::kMoveOnce);
 
-  const Decision& d = decision(plan, "sdnq_pin_admission");
+  const Decision& d = decision(plan, "packed_pin_admission");
   EXPECT_EQ(d.inputs["candidate_bytes"], plan.streamed_bytes);
   EXPECT_GT(d.inputs["candidate_bytes_by_role"]["packed_weight"].get<std::int64_t>(), 0);
   EXPECT_GT(d.inputs["candidate_bytes_by_role"]["scale"].get<std::int64_t>(), 0);
@@ -216,15 +216,15 @@ TEST(PlannerSdnq, AdmissionCountsPackedScalesAuxiliariesAndReportsLoaderExcess) 
   EXPECT_EQ(plan.pinned_bytes, 0);
   EXPECT_EQ(plan.loader_pinned_bytes, loader_bytes);
   EXPECT_EQ(plan.pin_excess_bytes, loader_bytes - loader_bytes / 2);
-  EXPECT_EQ(decision(plan, "sdnq_pin_excess").inputs["excess_bytes"], plan.pin_excess_bytes);
+  EXPECT_EQ(decision(plan, "packed_pin_excess").inputs["excess_bytes"], plan.pin_excess_bytes);
   EXPECT_TRUE(plan.has_decision("loader_pins_preserved"));
   EXPECT_TRUE(module(plan, "transformer_blocks.0.attn.to_q").tensors[0].loader_pinned);
 }
 
-TEST(PlannerSdnq, NewPinsBoundedByCeilingRatioMaximumAndRam) {
+TEST(PlannerPacked, NewPinsBoundedByCeilingRatioMaximumAndRam) {
   const ModelInventory inv = flux_inventory({.h = 1024, .sdnq = true});
   DynamicOffloadConfig config;
-  config.execution_mode = ExecutionMode::kSdnqRuntime;
+  config.execution_mode = ExecutionMode::kPackedRuntime;
   config.pin_cpu_memory = true;
   config.system_ram_headroom_gb = 1.0;
   PlanContext ctx;
@@ -232,9 +232,9 @@ TEST(PlannerSdnq, NewPinsBoundedByCeilingRatioMaximumAndRam) {
   Plan plan = make_plan(inv, config, ctx);
   const std::int64_t all = plan.streamed_bytes;
   EXPECT_EQ(plan.pinned_bytes, all);
-  EXPECT_FALSE(plan.has_decision("sdnq_pin_excess"));
+  EXPECT_FALSE(plan.has_decision("packed_pin_excess"));
   EXPECT_TRUE(plan.has_decision("full_pin_zero_resident"));
-  EXPECT_FALSE(plan.has_decision("pin_all"));  // the SDNQ rule replaces the dense admission
+  EXPECT_FALSE(plan.has_decision("pin_all"));  // the packed rule replaces the dense admission
 
   config.pin_weight_budget_ratio = 0.5;
   plan = make_plan(inv, config, ctx);
@@ -248,7 +248,7 @@ TEST(PlannerSdnq, NewPinsBoundedByCeilingRatioMaximumAndRam) {
   ctx.available_ram_bytes = kGB + all / 8;  // usable = all / 8
   plan = make_plan(inv, config, ctx);
   EXPECT_EQ(plan.pin_budget_bytes, all / 8);
-  EXPECT_EQ(decision(plan, "sdnq_pin_admission").inputs["usable_ram_bytes"], all / 8);
+  EXPECT_EQ(decision(plan, "packed_pin_admission").inputs["usable_ram_bytes"], all / 8);
 }
 
 }  // namespace

@@ -79,7 +79,8 @@ TEST(PlannerReport, EveryEnumInThePlanJsonParsesBack) {
           PlanContext ctx;
           ctx.total_vram_bytes = 8 * kGB;
           ctx.candidate_compute_ms = {{"transformer_blocks.0", 1.0}};  // incomplete: the estimate
-          const ModelInventory& inv = mode.value == ExecutionMode::kSdnqRuntime ? quantized : dense;
+          const ModelInventory& inv =
+              mode.value == ExecutionMode::kPackedRuntime ? quantized : dense;
           const nlohmann::json j = make_plan(inv, config, ctx).to_json();
           ExecutionMode parsed_mode{};
           ASSERT_TRUE(parse_execution_mode(j.at("mode").get<std::string>(), &parsed_mode).ok())

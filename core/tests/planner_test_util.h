@@ -45,19 +45,19 @@ class InventoryBuilder {
   // An SDNQ uint4 Linear, group 64: packed [out, in/2] bytes, scales and zero points [out, g, 1].
   void sdnq(const std::string& name, std::int64_t out, std::int64_t in, bool svd = false) {
     const std::int64_t groups = in / 64;
-    ModuleInfo m{name, "SDNQLinear", ModuleKind::kSdnq, true, {}};
+    ModuleInfo m{name, "SDNQLinear", ModuleKind::kPacked, true, {}, "sdnq"};
     TensorInfo packed{"weight", {out, in / 2}, "uint8", out * in / 2};
-    packed.sdnq_role = SdnqRole::kPackedWeight;
+    packed.packed_role = PackedRole::kPackedWeight;
     TensorInfo scale{"scale", {out, groups, 1}, "bfloat16", out * groups * 2};
-    scale.sdnq_role = SdnqRole::kScale;
+    scale.packed_role = PackedRole::kScale;
     TensorInfo zero{"zero_point", {out, groups, 1}, "bfloat16", out * groups * 2};
-    zero.sdnq_role = SdnqRole::kZeroPoint;
+    zero.packed_role = PackedRole::kZeroPoint;
     m.tensors = {packed, scale, zero};
     if (svd) {
       TensorInfo up{"svd_up", {out, 32}, "bfloat16", out * 32 * 2};
-      up.sdnq_role = SdnqRole::kSvdUp;
+      up.packed_role = PackedRole::kLowRankUp;
       TensorInfo down{"svd_down", {32, in}, "bfloat16", 32 * in * 2};
-      down.sdnq_role = SdnqRole::kSvdDown;
+      down.packed_role = PackedRole::kLowRankDown;
       m.tensors.push_back(up);
       m.tensors.push_back(down);
     }

@@ -55,12 +55,12 @@ TEST(PlannerPatterns, ConvAndEmbeddingWeightsStream) {
   EXPECT_EQ(module(plan, "flat").tensors[0].action, TensorAction::kMoveOnce);  // ndim 2 conv
 }
 
-TEST(PlannerSdnq, OneUnitPerLayerAndSmallAuxiliariesTravelWithTheirWeight) {
-  // h = 128, uint4 group 64: each scale is 128*2*2 = 512 bytes, far under the threshold, yet it
-  // streams with its packed weight in one unit (Note [SDNQ layer units]).
+TEST(PlannerPacked, OneUnitPerLayerAndSmallAuxiliariesTravelWithTheirWeight) {
+  // h = 128, SDNQ uint4 group 64: each scale is 128*2*2 = 512 bytes, far under the threshold, yet
+  // it streams with its packed weight in one unit (Note [Packed layer units]).
   const ModelInventory inv = flux_inventory({.double_blocks = 2, .single_blocks = 2, .sdnq = true});
   DynamicOffloadConfig config;
-  config.execution_mode = ExecutionMode::kSdnqRuntime;
+  config.execution_mode = ExecutionMode::kPackedRuntime;
   config.small_tensor_threshold_bytes = 4096;
   config.resident_module_patterns.clear();
   const Plan plan = make_plan(inv, config, {});
@@ -68,12 +68,13 @@ TEST(PlannerSdnq, OneUnitPerLayerAndSmallAuxiliariesTravelWithTheirWeight) {
   EXPECT_EQ(q.tensors[0].action, TensorAction::kStream);
   EXPECT_EQ(q.tensors[1].action, TensorAction::kStream);
   EXPECT_EQ(q.tensors[2].action, TensorAction::kStream);
-  EXPECT_EQ(q.tensors[3].action, TensorAction::kMoveOnce);  // bias: not an SDNQ role
+  EXPECT_EQ(q.tensors[3].action, TensorAction::kMoveOnce);  // bias: no packed role
   const auto unit =
       std::find_if(plan.stream_units.begin(), plan.stream_units.end(),
                    [](const StreamUnit& u) { return u.name == "transformer_blocks.1.attn.to_q"; });
   ASSERT_NE(unit, plan.stream_units.end());
   ASSERT_EQ(unit->tensors.size(), 3u);
+  EXPECT_EQ(unit->grain, "packed_layer");
   const ModuleInfo& info = *inv.find_module("transformer_blocks.1.attn.to_q");
   EXPECT_EQ(unit->bytes, info.tensors[0].bytes + info.tensors[1].bytes + info.tensors[2].bytes);
   std::int64_t total = 0;
@@ -88,12 +89,12 @@ TEST(PlannerSdnq, OneUnitPerLayerAndSmallAuxiliariesTravelWithTheirWeight) {
   }
 }
 
-TEST(PlannerSdnq, RuntimeFollowsTheModel) {
+TEST(PlannerPacked, RuntimeFollowsTheModel) {
   const ModelInventory quantized =
       flux_inventory({.double_blocks = 2, .single_blocks = 2, .sdnq = true});
   const ModelInventory dense = flux_inventory({.double_blocks = 2, .single_blocks = 2});
   EXPECT_EQ(resolve_execution_mode(ExecutionMode::kLinearRuntime, quantized),
-            ExecutionMode::kSdnqRuntime);
+            ExecutionMode::kPackedRuntime);
   EXPECT_EQ(resolve_execution_mode(ExecutionMode::kLinearRuntime, dense),
             ExecutionMode::kLinearRuntime);
   EXPECT_EQ(resolve_execution_mode(ExecutionMode::kPlan, quantized), ExecutionMode::kPlan);
@@ -101,11 +102,11 @@ TEST(PlannerSdnq, RuntimeFollowsTheModel) {
   DynamicOffloadConfig config;
   config.execution_mode = ExecutionMode::kLinearRuntime;
   const Plan plan = make_plan(quantized, config, {});
-  EXPECT_TRUE(plan.sdnq);
-  EXPECT_EQ(plan.mode, ExecutionMode::kSdnqRuntime);
+  EXPECT_TRUE(plan.packed);
+  EXPECT_EQ(plan.mode, ExecutionMode::kPackedRuntime);
   EXPECT_EQ(decision(plan, "sdnq_runtime_auto").inputs["requested"], "linear_runtime");
 
-  config.execution_mode = ExecutionMode::kSdnqRuntime;
+  config.execution_mode = ExecutionMode::kPackedRuntime;
   try {
     make_plan(dense, config, {});
     FAIL() << "sdnq_runtime on a dense model must be an error";
@@ -114,16 +115,6 @@ TEST(PlannerSdnq, RuntimeFollowsTheModel) {
     EXPECT_NE(std::string(e.what()).find("has none; use linear_runtime"), std::string::npos)
         << e.what();
   }
-}
-
-TEST(InventorySdnq, RolesFromTheFormatsNames) {
-  EXPECT_EQ(sdnq_role_for_name("weight"), SdnqRole::kPackedWeight);
-  EXPECT_EQ(sdnq_role_for_name("scale"), SdnqRole::kScale);
-  EXPECT_EQ(sdnq_role_for_name("zero_point"), SdnqRole::kZeroPoint);
-  EXPECT_EQ(sdnq_role_for_name("svd_up"), SdnqRole::kSvdUp);
-  EXPECT_EQ(sdnq_role_for_name("svd_down"), SdnqRole::kSvdDown);
-  EXPECT_EQ(sdnq_role_for_name("scale_2"), SdnqRole::kAuxiliary);
-  EXPECT_EQ(sdnq_role_for_name("bias"), SdnqRole::kNone);
 }
 
 TEST(PlannerUnits, DynamicBlockAndLeafUnits) {
@@ -168,7 +159,7 @@ TEST(PlannerModes, PlanModeReportsWithoutExecuting) {
   EXPECT_EQ(decision(plan, "plan_mode").inputs["classified_as"], "linear_runtime");
   EXPECT_EQ(resident_blocks(plan, "transformer_blocks").size(), 19u);
   plan = make_plan(flux_inventory({.sdnq = true}), config, {});
-  EXPECT_TRUE(plan.sdnq);
+  EXPECT_TRUE(plan.packed);
   EXPECT_TRUE(make_plan(flux_inventory(), linear_config(), {}).execute);
 }
 

@@ -301,7 +301,7 @@ TEST(Settings, EnumVariables) {
                                          {"DDO_AUTO_BUDGET_POLICY", "off"},
                                          {"DDO_PIN_WEIGHT_SELECTION", "largest"},
                                          {"DDO_RESIDENT_MODULE_SELECTION", "FIRST"}});
-  EXPECT_EQ(s.config.execution_mode, ExecutionMode::kSdnqRuntime);
+  EXPECT_EQ(s.config.execution_mode, ExecutionMode::kPackedRuntime);
   EXPECT_EQ(s.config.auto_budget_policy, AutoBudgetPolicy::kOff);
   EXPECT_EQ(s.config.pin_weight_selection, Selection::kLargest);
   EXPECT_EQ(s.config.resident_module_selection, Selection::kFirst);

@@ -194,7 +194,7 @@ void quantize_linears(OffloadState& s, const OffloadOptions& options) {
     q.layout_code = layout.encode();
     // The copy is not the model's: buffers, so that whether the model is being trained is read
     // from its dense weight (refuse_trainable_streamed).
-    entry.kind = core::ModuleKind::kSdnq;
+    entry.kind = core::ModuleKind::kPacked;
     entry.tensors[w] = TensorSlot{"weight", quantized.weight, /*is_parameter=*/false};
     entry.tensors.insert(entry.tensors.begin() + static_cast<std::ptrdiff_t>(w) + 1,
                          TensorSlot{"scale", quantized.scale, /*is_parameter=*/false});
@@ -300,7 +300,7 @@ nlohmann::json quantized_compute_report(const OffloadState& s) {
   // The model's own SDNQ layers (the sdnq package's, ddo's QuantizedLinear, SdnqLinear) take
   // the same choice with their scales' dtype.
   for (const ModuleEntry& entry : s.tree.entries) {
-    if (entry.kind != core::ModuleKind::kSdnq || entry.sdnq_layout.empty()) continue;
+    if (entry.kind != core::ModuleKind::kPacked || entry.sdnq_layout.empty()) continue;
     const sdnq::Layout layout = sdnq::Layout::decode(entry.sdnq_layout);
     c10::ScalarType scale_dtype = c10::kFloat;
     for (const TensorSlot& slot : entry.tensors) {

@@ -13,9 +13,9 @@
 namespace ddo::adapter::internal {
 
 // Before the inventory: each dense Linear that qualifies gets a quantized copy in its tree entry
-// (kind kSdnq: the quantized weight and its scales where the dense weight was), so the planner
-// sizes, places and streams the copy. The model is not changed yet (a placeholder of the
-// loader's gets its dense weight read from the checkpoint). Throws kInvalidArgument for an
+// (kind kPacked, format SDNQ: the quantized weight and its scales where the dense weight was), so
+// the planner sizes, places and streams the copy. The model is not changed yet (a placeholder of
+// the loader's gets its dense weight read from the checkpoint). Throws kInvalidArgument for an
 // unknown option.
 void quantize_linears(OffloadState& s, const OffloadOptions& options);
 

@@ -7,7 +7,9 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ddo/core/packed_format.h"
 #include "ddo/sdnq/linear.h"
+#include "ddo/sdnq/packed_format.h"
 #include "loader_pins.h"
 
 namespace ddo::adapter {
@@ -16,7 +18,7 @@ namespace {
 core::ModuleKind detect_kind(const torch::nn::Module& module) {
   // Before the Linear rule: an SDNQ layer streams its packed tensors, not a dense weight.
   if (dynamic_cast<const sdnq::SdnqLinearImpl*>(&module) != nullptr) {
-    return core::ModuleKind::kSdnq;
+    return core::ModuleKind::kPacked;
   }
   if (dynamic_cast<const torch::nn::LinearImpl*>(&module) != nullptr) {
     return core::ModuleKind::kLinear;
@@ -103,12 +105,17 @@ core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& exe
   inv.modules.reserve(tree.entries.size());
   // A device apart from the host's memory: a tensor may already be on it, and pinning matters.
   const bool apart = !execution_device.is_cpu();
+  // The adapter's packed layers are SDNQ's (SdnqLinear, the Python gatherer's kind "sdnq",
+  // quantize= copies); their tensor roles are the format's registered facts.
+  sdnq::register_packed_format();
+  const core::PackedFormat& sdnq_format = sdnq::packed_format();
   for (const ModuleEntry& entry : tree.entries) {
     core::ModuleInfo info;
     info.name = entry.name;
     info.class_name = entry.class_name;
     info.kind = entry.kind;
     info.is_leaf = entry.is_leaf;
+    if (entry.kind == core::ModuleKind::kPacked) info.packed_format = sdnq_format.name;
     for (const TensorSlot& slot : entry.tensors) {
       const at::Tensor& t = slot.tensor;
       core::TensorInfo ti;
@@ -123,7 +130,7 @@ core::ModelInventory to_inventory(const ModuleTree& tree, const c10::Device& exe
       // worth it for a device apart from the host.
       ti.already_pinned =
           internal::is_pinned_loader_tensor(t) || (apart && t.device().is_cpu() && t.is_pinned());
-      if (entry.kind == core::ModuleKind::kSdnq) ti.sdnq_role = core::sdnq_role_for_name(slot.name);
+      if (entry.kind == core::ModuleKind::kPacked) ti.packed_role = sdnq_format.role_for(slot.name);
       info.tensors.push_back(std::move(ti));
     }
     inv.modules.push_back(std::move(info));

@@ -2,9 +2,9 @@
 /// The named-profile lifecycle as pure logic (docs/design/0007-named-profiles.md, section 3).
 ///
 /// The torch adapter owns the device; this file owns every decision: whether a run calibrates,
-/// reuses a saved recommendation, applies a pending SDNQ probe or does nothing; which resident
-/// budget it uses; how a region's memory readings become a peak; and what is saved. Keeping it
-/// free of torch and CUDA lets every case of the lifecycle run as a unit test.
+/// reuses a saved recommendation, applies a pending packed-layer probe or does nothing; which
+/// resident budget it uses; how a region's memory readings become a peak; and what is saved.
+/// Keeping it free of torch and CUDA lets every case of the lifecycle run as a unit test.
 ///
 /// ```
 /// ddo::core::PreparedProfile prepared = ddo::core::prepare_profile(
@@ -39,13 +39,14 @@
 
 namespace ddo::core {
 
-/// An SDNQ baseline probes only when its safe budget is at least this, so a probe is worth a run.
-inline constexpr double kSdnqProbeMinSafeGb = 2.0;
+/// A packed-layer baseline probes only when its safe budget is at least this, so a probe is worth
+/// a run.
+inline constexpr double kPackedProbeMinSafeGb = 2.0;
 /// The probe ceiling when max_resident_module_budget_gb is 0 (uncapped).
-inline constexpr double kSdnqDefaultProbeCeilingGb = 6.0;
+inline constexpr double kPackedDefaultProbeCeilingGb = 6.0;
 
 /// Where a named profile stands in a run, as reports spell it: disabled (no name), calibrating
-/// (this run measures), missing (nothing saved for this identity), probing (an SDNQ probe run),
+/// (this run measures), missing (nothing saved for this identity), probing (a packed probe run),
 /// applied (a saved recommendation is used), saved (a region saved one), failed (the region threw
 /// or saving failed).
 enum class ProfileStatus { kDisabled, kCalibrating, kMissing, kProbing, kApplied, kSaved, kFailed };
@@ -56,7 +57,7 @@ const char* to_string(ProfileStatus status);
 enum class RegionAction {
   kNone,       ///< no-op: disabled, missing, or a saved recommendation applied during setup
   kCalibrate,  ///< measure a zero-resident run and save a recommendation
-  kProbe,      ///< measure a run at a pending SDNQ probe budget and save the result
+  kProbe,      ///< measure a run at a pending packed-layer probe budget and save the result
 };
 
 /// Facts about the execution device, read by the adapter.
@@ -130,13 +131,13 @@ double recommend_resident_budget_gb(double total_gb, double peak_gb, double head
 /// positive (the cap on a saved recommendation, docs/design/0007-named-profiles.md, section 3).
 double cap_saved_budget_gb(double budget_gb, double max_resident_budget_gb);
 
-/// The SDNQ probe ceiling: max_resident_budget_gb when positive else 6 GiB, never above
+/// The packed-layer probe ceiling: max_resident_budget_gb when positive else 6 GiB, never above
 /// total - headroom (and never below 0).
-double sdnq_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb);
+double packed_probe_ceiling_gb(double max_resident_budget_gb, double total_gb, double headroom_gb);
 
-/// The recommendation after a zero-resident calibration (dense: "baseline"; SDNQ: a pending probe
-/// or "sdnq_baseline_safe").
-ProfileRecommendation recommend_after_calibration(bool sdnq, double total_gb, double peak_gb,
+/// The recommendation after a zero-resident calibration (dense: "baseline"; packed layers: a
+/// pending probe or "sdnq_baseline_safe", the kinds' file spellings in profile_store.h).
+ProfileRecommendation recommend_after_calibration(bool packed, double total_gb, double peak_gb,
                                                   double headroom_gb,
                                                   double max_resident_budget_gb);
 
@@ -186,8 +187,8 @@ struct PreparedProfile {
   std::optional<double> resident_budget_gb;
   ProfileIdentity identity;           ///< name, model class and identity version
   std::filesystem::path record_path;  ///< where the profile is stored
-  std::string device;  ///< normalized execution device ("cuda:0", "sim:0"); key of region locks
-  bool sdnq = false;   ///< the model runs SDNQ layers (calibration then plans a probe)
+  std::string device;   ///< normalized execution device ("cuda:0", "sim:0"); key of region locks
+  bool packed = false;  ///< the model runs packed layers (calibration then plans a probe)
   double headroom_gb = 0.0;               ///< profile_vram_headroom_gb
   double total_vram_gb = 0.0;             ///< the device's total (or cap)
   double max_resident_budget_gb = 0.0;    ///< max_resident_module_budget_gb; 0 = uncapped

@@ -44,7 +44,10 @@ namespace ddo::core {
 enum class ExecutionMode {
   kPlan,           ///< build and report the plan; move nothing
   kLinearRuntime,  ///< "dynamic CUDA linear": stream dense Linear / Embedding / Conv weights
-  kSdnqRuntime,    ///< stream SDNQ packed tensors; dense fallback Linears stay resident
+  /// Stream the packed tensors of packed layers (SDNQ's or another format's); dense fallback
+  /// Linears stay resident. Spelled "sdnq_runtime" (the spelling diffusers-dynamic-offloader,
+  /// config files and profile keys use); "packed_runtime" reads as the same mode.
+  kPackedRuntime,
 };
 
 /// The classic routes, kept as baselines (presets diffusers_*_compat), and the dynamic route.
@@ -149,7 +152,8 @@ struct DynamicOffloadConfig {
   double sim_pinnable_gb = -1.0;
 };
 
-/// The spellings of the spec: plan, linear_runtime, sdnq_runtime; dynamic, group_block,
+/// The spellings of the spec: plan, linear_runtime, sdnq_runtime (kPackedRuntime; parse_* also
+/// reads packed_runtime); dynamic, group_block,
 /// group_leaf, device, none; off, balanced; first, spread, largest.
 ///
 /// One table per enum (config.cpp) is the only place a spelling is written: `to_string`, the

@@ -3,8 +3,9 @@
 ///
 /// The adapter walks a LibTorch or Python module once at `enable_offload` and writes down every
 /// module (dotted name, class, kind) with its direct parameters and buffers (shape, dtype, bytes,
-/// whether a loader already pinned it, SDNQ role). The planner (planner.h) reads nothing else, so
-/// plans can be built, tested and inspected without torch: tests write inventories in C++ or JSON.
+/// whether a loader already pinned it, its role in a packed layer). The planner (planner.h) reads
+/// nothing else, so plans can be built, tested and inspected without torch: tests write inventories
+/// in C++ or JSON.
 ///
 /// ```
 /// ddo::core::ModelInventory inv;
@@ -38,26 +39,30 @@ enum class ModuleKind {
   kLinear,     ///< dense Linear: 2-D weight [out, in]
   kEmbedding,  ///< Embedding: 2-D weight [num, dim]
   kConv,       ///< Conv1d/2d/3d: weight of ndim >= 3
-  kSdnq,       ///< ddo's SDNQ-quantized Linear (docs/design/0004-sdnq.md)
+  kPacked,     ///< a packed (quantized) Linear of some format (ModuleInfo::packed_format)
   kOther,      ///< anything else (norms, containers, activations, custom layers)
 };
 
-/// The part a tensor plays in an SDNQ layer; kNone for every tensor of other modules.
-enum class SdnqRole {
+/// The part a tensor plays in a packed layer, whatever its format; kNone for bias and for every
+/// tensor of other modules. A format maps its tensor names to these (packed_format.h), so the
+/// planner streams a layer's packed tensors together without knowing the format.
+enum class PackedRole {
   kNone,
-  kPackedWeight,  ///< packed integer weight [out, groups, group_size] (uint4: two per byte)
-  kScale,         ///< per-group scales [out, groups, 1]
-  kZeroPoint,     ///< per-group zero points (asymmetric unsigned types)
-  kSvdUp,         ///< low-rank correction, up factor
-  kSvdDown,       ///< low-rank correction, down factor
-  kAuxiliary,     ///< other backend tensors the quantized forward reads
+  kPackedWeight,  ///< the packed weight (e.g. SDNQ uint4: two values per byte)
+  kScale,         ///< per-group (or per-block) scales
+  kZeroPoint,     ///< per-group zero points or minimums (asymmetric types)
+  kLowRankUp,     ///< low-rank correction, up factor (SDNQ's svd_up)
+  kLowRankDown,   ///< low-rank correction, down factor (SDNQ's svd_down)
+  kAuxiliary,     ///< other tensors the quantized forward reads (second-level scales, ...)
 };
 
 const char* to_string(ModuleKind kind);  ///< "linear", "conv", ...: the inventory JSON's spelling
-const char* to_string(SdnqRole role);    ///< the inventory JSON's spelling
-/// Parse the names written by to_string; kInvalidArgument naming the valid ones otherwise.
+const char* to_string(PackedRole role);  ///< the inventory JSON's spelling
+/// Parse the names written by to_string; kInvalidArgument naming the valid ones otherwise. The
+/// kind also reads "sdnq" as kPacked: the kind the Python gatherer writes for an SDNQ layer.
 Status parse_module_kind(std::string_view text, ModuleKind* out);
-Status parse_sdnq_role(std::string_view text, SdnqRole* out);  ///< see parse_module_kind
+/// See parse_module_kind; also reads "svd_up" and "svd_down" (SDNQ's names of the factors).
+Status parse_packed_role(std::string_view text, PackedRole* out);
 
 /// One direct parameter or buffer of a module.
 struct TensorInfo {
@@ -68,7 +73,7 @@ struct TensorInfo {
   bool is_parameter = true;         ///< false: a buffer
   bool already_pinned = false;      ///< pinned by someone else (e.g. the loader); ddo keeps it
   bool on_device = false;  ///< already on the execution device when the inventory was taken
-  SdnqRole sdnq_role = SdnqRole::kNone;  ///< its part in an SDNQ layer
+  PackedRole packed_role = PackedRole::kNone;  ///< its part in a packed layer
 
   /// Number of dimensions.
   std::size_t ndim() const { return shape.size(); }
@@ -82,6 +87,9 @@ struct ModuleInfo {
   ModuleKind kind = ModuleKind::kOther;  ///< decides which ops ddo intercepts for it
   bool is_leaf = true;                   ///< no child modules
   std::vector<TensorInfo> tensors;       ///< direct parameters and buffers
+  /// For kPacked: the format's name ("sdnq"), whose facts packed_format.h registers; "" otherwise.
+  /// Last, so that positional initializers of dense modules leave it out.
+  std::string packed_format{};
 
   /// Sum of the direct tensors' bytes.
   std::int64_t bytes() const;
@@ -95,17 +103,24 @@ struct ModelInventory {
   std::vector<ModuleInfo> modules;  ///< model order
 
   std::int64_t total_bytes() const;  ///< sum over every module's direct tensors
-  /// Any module of kind kSdnq.
-  bool has_sdnq_layers() const;
-  /// An upper bound on the largest weight an SDNQ layer materializes on the device while it runs:
-  /// its dequantized [out, in] weight, `bytes_per_element` per value (the kernel path writes the
-  /// result dtype; the reference path holds float32 intermediates too). Note [Dequantized
-  /// temporaries] in inventory.cpp; 0 for a model without SDNQ layers.
-  std::int64_t largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const;
+  /// Any module of kind kPacked.
+  bool has_packed_layers() const;
+  /// An upper bound on the largest weight a packed layer materializes on the device while it
+  /// runs: its dequantized [out, in] weight, `bytes_per_element` per value (the kernel path writes
+  /// the result dtype; the reference path holds float32 intermediates too). Note [Dequantized
+  /// temporaries] in inventory.cpp; 0 for a model without packed layers.
+  std::int64_t largest_packed_temporary_bytes(std::int64_t bytes_per_element) const;
+  /// has_packed_layers() under the name attach_plan.cpp calls.
+  bool has_sdnq_layers() const { return has_packed_layers(); }
+  /// largest_packed_temporary_bytes() under the name attach_plan.cpp calls.
+  std::int64_t largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const {
+    return largest_packed_temporary_bytes(bytes_per_element);
+  }
   /// How the weights of the ops ddo intercepts are stored, for a profile to say what it was
   /// measured with: the sorted, distinct dtypes of the Linear, Conv and Embedding weights and of
-  /// the SDNQ layers' packed weights, those prefixed "sdnq "; joined by " + ". "bfloat16" for a
-  /// bf16 model, "sdnq float8_e4m3fn + bfloat16" for one quantized to fp8 with layers kept dense.
+  /// the packed layers' packed weights, those prefixed by their format's name; joined by " + ",
+  /// packed ones first. "bfloat16" for a bf16 model, "sdnq float8_e4m3fn + bfloat16" for one
+  /// quantized to fp8 by SDNQ with layers kept dense.
   std::string weights_summary() const;
   /// Linear scan; the planner builds its own index once.
   const ModuleInfo* find_module(std::string_view name) const;
@@ -116,18 +131,17 @@ struct ModelInventory {
   Status validate() const;
 
   /// JSON shape: {"model_class": str, "modules": [{"name", "class_name", "kind", "is_leaf",
-  /// "tensors": [{"name", "shape", "dtype", "bytes", "is_parameter", "already_pinned",
-  /// "on_device", "sdnq_role"}]}]}. Optional tensor flags default as in TensorInfo.
+  /// "packed_format", "tensors": [{"name", "shape", "dtype", "bytes", "is_parameter",
+  /// "already_pinned", "on_device", "packed_role"}]}]}. Optional members default as in
+  /// ModuleInfo and TensorInfo. from_json also reads SDNQ's own spellings, which existing
+  /// inventory files use: a module's kind "sdnq" (kPacked, format "sdnq") and a tensor's
+  /// "sdnq_role".
   nlohmann::json to_json() const;
   /// Parses and validates; `out` is untouched on error.
   static Status from_json(const nlohmann::json& json, ModelInventory* out);
 
   bool operator==(const ModelInventory&) const = default;  ///< field by field
 };
-
-/// The role of an SDNQ layer's direct tensor, from its name (the public format's names: weight,
-/// scale, scale_2, zero_point, ..., svd_up, svd_down); kNone for bias and unknown names.
-SdnqRole sdnq_role_for_name(std::string_view tensor_name);
 
 /// True when `name` is `ancestor` or lies below it in the dotted hierarchy ("" contains all).
 bool is_within(std::string_view name, std::string_view ancestor);

@@ -1,7 +1,7 @@
 /// \file
 /// The planner: from a ModelInventory, a DynamicOffloadConfig and platform facts to a Plan that
 /// says, for every module and tensor, where it lives: residents (Note [Auto block pattern],
-/// Note [Spread order], Note [Balanced order]), pinning (SDNQ pin admission:
+/// Note [Spread order], Note [Balanced order]), pinning (packed pin admission:
 /// docs/design/0007-named-profiles.md, section 4) and the disk tier (Note [Disk tier plan]).
 ///
 /// make_plan is a pure function: no torch, no CUDA, no environment, no clock. The same inputs
@@ -128,8 +128,8 @@ struct StreamUnit {
   std::string name;                ///< for reports and timelines
   std::vector<TensorRef> tensors;  ///< model order
   std::int64_t bytes = 0;          ///< the sum of its tensors' bytes
-  /// What the unit is: "tensor", "sdnq_layer", "leaf" (one module's weights) or "block"; the
-  /// decision stream_grain says why.
+  /// What the unit is: "tensor", "packed_layer" (a packed layer's role tensors), "leaf" (one
+  /// module's weights) or "block"; the decision stream_grain says why.
   std::string grain;
   /// Where the engine reads it from every step: "host" (its host copy, pinned or pageable) or
   /// "disk" (the checkpoint, through the pinned disk ring; the decision disk_tier says why).
@@ -149,7 +149,7 @@ struct Plan {
   ExecutionMode mode = ExecutionMode::kPlan;  ///< the runtime (resolve_execution_mode)
   Route route = Route::kDynamic;              ///< the route planned for
   bool execute = false;  ///< false in plan mode: placements are reported, nothing is moved
-  bool sdnq = false;     ///< classified with the sdnq_runtime rules
+  bool packed = false;   ///< classified with the packed runtime's rules (kPackedRuntime)
 
   std::vector<ModulePlan> modules;  ///< parallel to ModelInventory::modules
 
@@ -171,7 +171,7 @@ struct Plan {
   std::int64_t pin_budget_bytes = 0;     ///< budget for new pins
   std::int64_t pinned_bytes = 0;         ///< new pins
   std::int64_t loader_pinned_bytes = 0;  ///< streamed bytes the loader already pinned (kept)
-  std::int64_t pin_excess_bytes = 0;     ///< sdnq: loader pins beyond the ceiling
+  std::int64_t pin_excess_bytes = 0;     ///< packed: loader pins beyond the ceiling
 
   /// Host tiers (Note [Disk tier plan] in planner_tiers.cpp).
   /// Host RAM the streamed weights may take: host_ram_cap_gb, else with weights in a file what the
@@ -200,9 +200,10 @@ struct Plan {
 };
 
 /// The runtime a model runs under (one rule for the planner, the adapter and calibration):
-/// linear_runtime on a model with SDNQ layers becomes sdnq_runtime (diffusers-dynamic-offloader
-/// picks the runtime from the model); sdnq_runtime on a model without any throws kInvalidArgument;
-/// other modes are returned as they are.
+/// linear_runtime on a model with packed layers (SDNQ's or another format's) becomes
+/// kPackedRuntime, spelled sdnq_runtime (diffusers-dynamic-offloader picks the runtime from the
+/// model); kPackedRuntime on a model without any throws kInvalidArgument; other modes are returned
+/// as they are.
 ExecutionMode resolve_execution_mode(ExecutionMode requested, const ModelInventory& inventory);
 
 /// Builds the plan. Throws ddo::Error(kInvalidArgument) for a malformed pattern, a negative budget

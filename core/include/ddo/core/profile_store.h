@@ -75,12 +75,13 @@ inline constexpr double kMaxProfileComputeMs = 3.6e6;
 
 /// profile_measurement_kind values (docs/design/0007-named-profiles.md, section 4).
 inline constexpr std::string_view kKindBaseline = "baseline";
-/// SDNQ calibration whose probe would not be worth a run.
-inline constexpr std::string_view kKindSdnqBaselineSafe = "sdnq_baseline_safe";
-/// SDNQ calibration with a probe still to run.
-inline constexpr std::string_view kKindSdnqProbePending = "sdnq_baseline_probe_pending";
-/// Measured at an SDNQ probe budget.
-inline constexpr std::string_view kKindSdnqProbe = "sdnq_probe";
+/// Packed-layer calibration whose probe would not be worth a run. The packed kinds keep the
+/// spellings of diffusers-dynamic-offloader's files, whatever the layers' format.
+inline constexpr std::string_view kKindPackedBaselineSafe = "sdnq_baseline_safe";
+/// Packed-layer calibration with a probe still to run.
+inline constexpr std::string_view kKindPackedProbePending = "sdnq_baseline_probe_pending";
+/// Measured at a packed-layer probe budget.
+inline constexpr std::string_view kKindPackedProbe = "sdnq_probe";
 
 // ---------------------------------------------------------------------------------------------
 // Durable-file helpers (shared with host_context.h).
