@@ -8,12 +8,17 @@
 #ifdef DDO_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "../kernels/quantized_matmul_params.h"
 #include "kernel_dtype.h"
 #endif
+
+#include <c10/core/Storage.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include "ddo/core/status.h"
 #include "ddo/sdnq/kernel_status.h"
@@ -41,6 +46,20 @@
 // small beside the activations' own rounding to fp8 (2^-4 relative per value, Note [Quantized
 // matmul accuracy]), which the benchmark's per-layer and whole-model figures show side by side.
 // DDO_QUANTIZED_MATMUL=exact runs the exact mode, to rule the fast sums out.
+
+// Note [One activation quantization per input]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Linears that read one input quantize it once: attention's q, k and v projections (and FLUX's
+// single blocks' MLP input beside them) read the same normalized activations, and each call
+// would otherwise run the row quantizer over the same rows again. A thread keeps the last input
+// it quantized, identified by what makes two reads of it equal: its storage (held weakly, so a
+// freed input is never matched and its memory is never kept), data pointer, shape, strides,
+// dtype, the target type, the stream, and the version counter that every write through torch
+// moves. A match returns the same quantized rows and scales. Not cached: inference tensors
+// (they have no version counter) and calls inside a CUDA graph capture (a replay rewrites
+// memory without moving versions, and an eager entry must not be read into a graph). What the
+// version counter cannot see, it cannot see here either: bytes written behind torch's back
+// (a raw pointer handed to another library) between two Linears that read them.
 
 // Note [Quantized matmul operands]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -255,6 +274,80 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, QuantType t
   return quantize_rows_reference(x, type);
 }
 
+namespace {
+
+struct ActivationEntry {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  const void* data = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t row_stride = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  QuantType type = QuantType::kInt8;
+  c10::Stream stream = c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU));
+  std::uint32_t version = 0;
+  at::Tensor q;
+  at::Tensor scale;
+};
+
+thread_local ActivationEntry t_last_activation;
+std::atomic<std::int64_t> g_activation_reuses{0};
+
+bool cacheable_activation(const at::Tensor& x) {
+  if (x.is_inference() || !x.has_storage()) return false;
+#ifdef DDO_HAVE_CUDA
+  if (x.is_cuda() &&
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    return false;
+  }
+#endif
+  return true;
+}
+
+c10::Stream current_stream_of(const at::Tensor& x) {
+  return c10::impl::getDeviceGuardImpl(x.device().type())->getStream(x.device());
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> quantize_activation_rows(const at::Tensor& x, QuantType type) {
+  if (x.dim() != 2 || !cacheable_activation(x)) return quantize_rows(x, type);
+  ActivationEntry& e = t_last_activation;
+  const c10::Stream stream = current_stream_of(x);
+  const std::uint32_t version = x.unsafeGetTensorImpl()->version_counter().current_version();
+  const c10::intrusive_ptr<c10::StorageImpl> held = e.storage.lock();
+  if (held.get() == x.storage().unsafeGetStorageImpl() && e.data == x.data_ptr() &&
+      e.rows == x.size(0) && e.cols == x.size(1) && e.row_stride == x.stride(0) &&
+      x.stride(1) == 1 && e.dtype == x.scalar_type() && e.type == type && e.stream == stream &&
+      e.version == version) {
+    g_activation_reuses.fetch_add(1, std::memory_order_relaxed);
+    return {e.q, e.scale};
+  }
+  auto [q, scale] = quantize_rows(x, type);
+  if (x.stride(1) == 1) {
+    e.storage = x.storage().getWeakStorageImpl();
+    e.data = x.data_ptr();
+    e.rows = x.size(0);
+    e.cols = x.size(1);
+    e.row_stride = x.stride(0);
+    e.dtype = x.scalar_type();
+    e.type = type;
+    e.stream = stream;
+    e.version = version;
+    e.q = q;
+    e.scale = scale;
+  }
+  return {q, scale};
+}
+
+std::int64_t activation_quantization_reuses() {
+  return g_activation_reuses.load(std::memory_order_relaxed);
+}
+
+void forget_activation_quantization() {
+  t_last_activation = ActivationEntry();
+}
+
 at::Tensor int8_scale_epilogue_reference(const at::Tensor& acc, const at::Tensor& row_scale,
                                          const at::Tensor& col_scale, const at::Tensor& bias,
                                          c10::ScalarType out_dtype) {
@@ -300,7 +393,8 @@ at::Tensor quantized_linear(const at::Tensor& input, const QuantizedWeight& w,
   layout.check(w);
   const c10::ScalarType out_dtype = layout.result_dtype;
   const at::Tensor x = input.reshape({-1, layout.in});
-  auto [xq, xs] = quantize_rows(x, layout.type);
+  auto [xq, xs] =
+      quantize_activation_rows(x, layout.type);  // Note [One activation quantization per input]
   // The weight as [K, N]: a column-major view of the plain [N, K] storage, or the matmul
   // layout's [K, N] rows (Note [Quantized matmul operands]).
   const at::Tensor wt = layout.transposed ? w.weight : w.weight.t();

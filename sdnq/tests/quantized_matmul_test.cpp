@@ -3,8 +3,11 @@
 // dequantize path on the same weights (Note [Quantized matmul accuracy]). The CUDA kernels
 // against these references: sdnq/tests/gpu/quantized_matmul_kernel_test.cpp.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include "ddo/core/status.h"
@@ -214,6 +217,71 @@ TEST_P(QuantizedMatmulAccuracy, GemmPathIsCloseToTheDequantizePath) {
   const at::Tensor few = x.narrow(1, 0, 8);
   EXPECT_TRUE(at::equal(linear(few, w, bias, layout),
                         at::linear(few, dequantize_reference(w, layout), bias)));
+}
+
+// Note [One activation quantization per input]: Linears reading one unchanged input share its
+// quantized rows; a write, another input or an inference tensor quantizes again, and a shared
+// result equals a fresh one bit for bit.
+TEST(QuantizedMatmulActivations, OneInputIsQuantizedOnceForTheLinearsThatReadIt) {
+  at::manual_seed(11);
+  for (QuantType type : {QuantType::kInt8, QuantType::kFloat8E4M3}) {
+    SCOPED_TRACE(to_string(type));
+    QuantizeOptions opt;
+    opt.type = type;
+    opt.quantized_matmul = true;
+    opt.group_size = 0;
+    std::vector<std::pair<QuantizedWeight, Layout>> layers;
+    for (int i = 0; i < 3; ++i)
+      layers.push_back(quantize((at::randn({128, 256}) * 0.02).to(at::kBFloat16), opt));
+    const LinearPath path = type == QuantType::kInt8 ? LinearPath::kInt8Gemm : LinearPath::kFp8Gemm;
+    at::Tensor x = at::randn({2, 48, 256}).to(at::kBFloat16);
+
+    auto fresh = [&](const at::Tensor& input, int i) {
+      forget_activation_quantization();
+      const at::Tensor y =
+          quantized_linear(input, layers[i].first, at::Tensor(), layers[i].second, path);
+      forget_activation_quantization();
+      return y;
+    };
+    std::vector<at::Tensor> expected;
+    for (int i = 0; i < 3; ++i) expected.push_back(fresh(x, i));
+
+    // q, k, v over one input: quantized once, the same outputs.
+    std::int64_t before = activation_quantization_reuses();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(at::equal(
+          quantized_linear(x, layers[i].first, at::Tensor(), layers[i].second, path), expected[i]));
+    }
+    EXPECT_EQ(activation_quantization_reuses() - before, 2);
+
+    // A write between two reads (through a view: views share the version counter).
+    x.narrow(1, 0, 4).mul_(3);
+    before = activation_quantization_reuses();
+    const at::Tensor after_write =
+        quantized_linear(x, layers[0].first, at::Tensor(), layers[0].second, path);
+    EXPECT_EQ(activation_quantization_reuses() - before, 0);
+    EXPECT_TRUE(at::equal(after_write, fresh(x, 0)));
+    EXPECT_FALSE(at::equal(after_write, expected[0]));
+
+    // Another tensor with equal values is another input.
+    const at::Tensor copy = x.clone();
+    quantized_linear(x, layers[0].first, at::Tensor(), layers[0].second, path);
+    before = activation_quantization_reuses();
+    quantized_linear(copy, layers[1].first, at::Tensor(), layers[1].second, path);
+    EXPECT_EQ(activation_quantization_reuses() - before, 0);
+
+    // Inference tensors carry no version counter: never shared.
+    at::Tensor frozen;
+    {
+      c10::InferenceMode guard;
+      frozen = at::randn({96, 256}).to(at::kBFloat16);
+      before = activation_quantization_reuses();
+      for (int i = 0; i < 3; ++i)
+        quantized_linear(frozen, layers[i].first, at::Tensor(), layers[i].second, path);
+      EXPECT_EQ(activation_quantization_reuses() - before, 0);
+    }
+    forget_activation_quantization();
+  }
 }
 
 // Note [A GEMM that fails is tried once]: the layer that meets the failure dequantizes, and the

@@ -91,6 +91,18 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_reference(const at::Tensor& x, Q
 at::Tensor int8_scale_epilogue(const at::Tensor& acc, const at::Tensor& row_scale,
                                const at::Tensor& col_scale, const at::Tensor& bias,
                                c10::ScalarType out_dtype);
+/// quantize_rows for a Linear's input: a thread's last input, read again unchanged (same
+/// storage, pointer, shape, strides, dtype, type, stream and version), gives the same tensors
+/// without quantizing again (Note [One activation quantization per input] in
+/// sdnq/src/quantized_matmul.cpp).
+std::pair<at::Tensor, at::Tensor> quantize_activation_rows(const at::Tensor& x, QuantType type);
+
+/// How many quantize_activation_rows calls in this process returned a thread's cached rows.
+std::int64_t activation_quantization_reuses();
+
+/// Drops this thread's cached activation rows (its quantized copy's memory).
+void forget_activation_quantization();
+
 /// int8_scale_epilogue with ATen ops only.
 at::Tensor int8_scale_epilogue_reference(const at::Tensor& acc, const at::Tensor& row_scale,
                                          const at::Tensor& col_scale, const at::Tensor& bias,
