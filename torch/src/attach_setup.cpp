@@ -75,61 +75,60 @@ void warn_if_the_preset_disables_the_profile(const core::DynamicOffloadConfig& c
 
 }  // namespace
 
-void resolve_attach_settings(OffloadState& s, const OffloadOptions& options,
-                             const core::EnvMap& env) {
-  s.settings = resolve_settings(options, env);
+AttachSettings resolve_attach_settings(const OffloadOptions& options, const core::EnvMap& env) {
+  AttachSettings out;
+  out.settings = resolve_settings(options, env);
   // What resolving accepted with a change the user may not expect (a clamped ratio, a variable
   // that looks like one of ddo's but is not read): a warning each (a Python UserWarning).
-  for (const std::string& warning : s.settings.warnings) TORCH_WARN("ddo: ", warning);
-  core::DynamicOffloadConfig& config = s.settings.config;
-  core::DeviceName device;
-  throw_if_error(core::parse_device_name("execution_device", config.execution_device, &device));
-  s.device_name = device.str();
-  config.execution_device = s.device_name;
-  const bool plan_only = config.execution_mode == core::ExecutionMode::kPlan || !s.settings.enabled;
-  s.executing = !plan_only;
-  s.backend = &backend_named(s.device_name);
-  s.torch_device = s.backend->torch_device(device.index);
-  DDO_CHECK(!(s.executing && s.device_name == "cpu"), Code::kInvalidArgument,
+  for (const std::string& warning : out.settings.warnings) TORCH_WARN("ddo: ", warning);
+  core::DynamicOffloadConfig& config = out.settings.config;
+  throw_if_error(core::parse_device_name("execution_device", config.execution_device, &out.device));
+  config.execution_device = out.device.str();
+  out.executing = config.execution_mode != core::ExecutionMode::kPlan && out.settings.enabled;
+  out.backend = &backend_named(config.execution_device);
+  out.torch_device = out.backend->torch_device(out.device.index);
+  DDO_CHECK(!(out.executing && out.device.type == core::DeviceType::kCpu), Code::kInvalidArgument,
             "execution_device \"cpu\" is valid only in plan mode (execution_mode=plan); use "
             "\"cuda:N\" for a GPU or \"sim\" for the host simulation");
+  return out;
 }
 
-core::ExecutionMode take_inventory(OffloadState& s) {
-  core::DynamicOffloadConfig& config = s.settings.config;
-  // The runtime follows the model (core::resolve_execution_mode): SDNQ layers take sdnq_runtime.
-  s.inventory = to_inventory(s.tree, s.torch_device);
-  unmark_cached_views(s.tree, &s.inventory);
-  s.weight_cache_key =
-      weight_cache_key(config.pinned_weight_cache_namespace, s.model_class, s.device_name);
-  const core::ExecutionMode requested_mode = config.execution_mode;
-  if (const core::ExecutionMode mode =
-          core::resolve_execution_mode(config.execution_mode, s.inventory);
-      mode != config.execution_mode) {
-    emit(s, "execution_mode", 0.0,
-         {{"requested", core::to_string(config.execution_mode)},
-          {"effective", core::to_string(mode)},
-          {"reason", "the model has SDNQ layers"}});
-    config.execution_mode = mode;
-  }
-  return requested_mode;
-}
-
-std::int64_t open_attach_device(OffloadState& s, const OffloadOptions& options) {
+AttachInventory take_inventory(const OffloadState& s) {
   const core::DynamicOffloadConfig& config = s.settings.config;
+  AttachInventory out;
+  out.inventory = to_inventory(s.tree, s.torch_device);
+  unmark_cached_views(s.tree, &out.inventory);
+  out.weight_cache_key =
+      weight_cache_key(config.pinned_weight_cache_namespace, s.model_class, s.device_name);
+  // The runtime follows the model (core::resolve_execution_mode): SDNQ layers take sdnq_runtime.
+  out.requested_mode = config.execution_mode;
+  out.mode = core::resolve_execution_mode(config.execution_mode, out.inventory);
+  if (out.mode != out.requested_mode) {
+    emit(s, "execution_mode", 0.0,
+         {{"requested", core::to_string(out.requested_mode)},
+          {"effective", core::to_string(out.mode)},
+          {"reason", "the model has SDNQ layers"}});
+  }
+  return out;
+}
+
+DeviceContext open_attach_device(const OffloadState& s, const OffloadOptions& options) {
+  const core::DynamicOffloadConfig& config = s.settings.config;
+  DeviceContext out;
   std::int64_t total_vram = 0;
   if (s.executing) {
-    s.device = options.device ? options.device : open_execution_device(s.device_name, config);
-    throw_if_error(s.backend->make_probe(*s.device, s.torch_device.index(), &s.probe));
-    total_vram = s.probe->snapshot().total_bytes;
+    out.device = options.device ? options.device : open_execution_device(s.device_name, config);
+    throw_if_error(s.backend->make_probe(*out.device, s.torch_device.index(), &out.probe));
+    total_vram = out.probe->snapshot().total_bytes;
     if (s.backend->memory_is_host) {
-      s.counting = std::make_unique<ScopedCountingCpuAllocator>(
-          CountingCpuAllocatorOptions{.device = s.device.get()});
+      out.counting = std::make_unique<ScopedCountingCpuAllocator>(
+          CountingCpuAllocatorOptions{.device = out.device.get()});
     }
   } else if (s.backend->plan_total_bytes != nullptr) {
     total_vram = s.backend->plan_total_bytes(config);
   }
-  return core::effective_card_bytes(total_vram, config);
+  out.total_vram = core::effective_card_bytes(total_vram, config);
+  return out;
 }
 
 std::string resident_budget_origin(const OffloadState& s, const OffloadOptions& options,
@@ -163,23 +162,26 @@ std::string resident_budget_origin(const OffloadState& s, const OffloadOptions& 
   return budget_origin;
 }
 
-void prepare_attach_profile(OffloadState& s, const core::EnvMap& env, std::int64_t total_vram,
-                            const std::string& budget_origin) {
+AttachProfile prepare_attach_profile(const OffloadState& s, const core::DeviceName& device,
+                                     const core::EnvMap& env, std::int64_t total_vram,
+                                     const std::string& budget_origin) {
   const core::DynamicOffloadConfig& config = s.settings.config;
   core::ProfileStoreOptions so;
   if (!config.profile_name.empty()) so.directory = core::resolve_profile_dir(env);
-  s.store = std::make_unique<core::ProfileStore>(std::move(so));
+  AttachProfile out;
+  out.store = std::make_unique<core::ProfileStore>(std::move(so));
   core::DeviceFacts facts;
-  facts.is_cuda_like = s.device_name != "cpu";
+  facts.is_cuda_like = device.type != core::DeviceType::kCpu;
   facts.total_vram_bytes = total_vram;
-  s.prepared =
-      core::prepare_profile(config, s.model_class, *s.store, facts, s.inventory.weights_summary());
-  warn_if_the_preset_disables_the_profile(config, budget_origin, &s.prepared);
-  s.profile_report = s.prepared.report.to_json();
+  out.prepared = core::prepare_profile(config, s.model_class, *out.store, facts,
+                                       s.inventory.weights_summary());
+  warn_if_the_preset_disables_the_profile(config, budget_origin, &out.prepared);
+  out.report = out.prepared.report.to_json();
+  return out;
 }
 
-void plan_attach(OffloadState& s, std::int64_t total_vram, const std::string& budget_origin,
-                 core::ExecutionMode requested_mode) {
+PlannedAttach plan_attach(const OffloadState& s, std::int64_t total_vram,
+                          const std::string& budget_origin, core::ExecutionMode requested_mode) {
   const core::DynamicOffloadConfig& config = s.settings.config;
   const auto t0 = Clock::now();
   core::PlanContext ctx;
@@ -196,35 +198,34 @@ void plan_attach(OffloadState& s, std::int64_t total_vram, const std::string& bu
   }
   if (!ctx.calibrating) ctx.candidate_compute_ms = s.prepared.candidate_compute_ms;
   ctx.resident_budget_origin = budget_origin;
-  {
-    // The planner gets the mode the user asked for: it resolves it by the same rule and records
-    // the decision that did (sdnq_runtime_auto), so the report explains the runtime.
-    core::DynamicOffloadConfig as_requested = config;
-    as_requested.execution_mode = requested_mode;
-    // cache_plan: the same inventory, settings and card plan the same; reuse it.
-    std::string plan_key;
-    std::optional<core::Plan> cached;
-    if (config.cache_plan) {
-      plan_key = plan_cache_key(s.inventory, as_requested, ctx);
-      cached = find_cached_plan(plan_key);
-    }
-    if (cached) {
-      s.plan = std::move(*cached);
-      s.setup.plan_cached = true;
-    } else {
-      s.plan = core::make_plan(s.inventory, as_requested, ctx);
-      if (config.cache_plan) store_cached_plan(plan_key, s.plan);
-    }
+  // The planner gets the mode the user asked for: it resolves it by the same rule and records
+  // the decision that did (sdnq_runtime_auto), so the report explains the runtime.
+  core::DynamicOffloadConfig as_requested = config;
+  as_requested.execution_mode = requested_mode;
+  // cache_plan: the same inventory, settings and card plan the same; reuse it.
+  PlannedAttach out;
+  std::string plan_key;
+  std::optional<core::Plan> cached;
+  if (config.cache_plan) {
+    plan_key = plan_cache_key(s.inventory, as_requested, ctx);
+    cached = find_cached_plan(plan_key);
   }
-  s.setup.plan_seconds = seconds_since(t0);
-  emit(s, "plan", s.setup.plan_seconds,
+  if (cached) {
+    out.plan = std::move(*cached);
+    out.cached = true;
+  } else {
+    out.plan = core::make_plan(s.inventory, as_requested, ctx);
+    if (config.cache_plan) store_cached_plan(plan_key, out.plan);
+  }
+  out.seconds = seconds_since(t0);
+  emit(s, "plan", out.seconds,
        {{"modules", s.inventory.modules.size()},
-        {"resident_budget_bytes", s.plan.resident_budget_bytes},
-        {"streamed_bytes", s.plan.streamed_bytes},
-        {"stream_units", s.plan.stream_units.size()},
+        {"resident_budget_bytes", out.plan.resident_budget_bytes},
+        {"streamed_bytes", out.plan.streamed_bytes},
+        {"stream_units", out.plan.stream_units.size()},
         {"execute", s.executing},
-        {"plan_cached", s.setup.plan_cached}});
-  print_decisions(s);
+        {"plan_cached", out.cached}});
+  return out;
 }
 
 void place_attach(OffloadState& s) {

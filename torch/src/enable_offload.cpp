@@ -54,16 +54,37 @@ std::unique_ptr<Offload> enable_offload_tree(ModuleTree tree, const OffloadOptio
   if (s->weights) s->setup.load_path = s->weights->checkpoint().root;
   const core::EnvMap env = options.env ? *options.env : core::process_env();
 
-  // The phases, in attach_setup.cpp.
+  // The phases, in attach_setup.cpp: each returns its values, stored here in the state the
+  // later phases and the handle read.
   const auto t0 = internal::Clock::now();
-  internal::resolve_attach_settings(*s, options, env);
+  internal::AttachSettings resolved = internal::resolve_attach_settings(options, env);
+  s->settings = std::move(resolved.settings);
+  s->device_name = s->settings.config.execution_device;
+  s->backend = resolved.backend;
+  s->torch_device = resolved.torch_device;
+  s->executing = resolved.executing;
   internal::quantize_linears(*s, options);
-  const core::ExecutionMode requested_mode = internal::take_inventory(*s);
-  const std::int64_t total_vram = internal::open_attach_device(*s, options);
+  internal::AttachInventory inventory = internal::take_inventory(*s);
+  s->inventory = std::move(inventory.inventory);
+  s->weight_cache_key = std::move(inventory.weight_cache_key);
+  s->settings.config.execution_mode = inventory.mode;
+  internal::DeviceContext device = internal::open_attach_device(*s, options);
+  s->device = std::move(device.device);
+  s->probe = std::move(device.probe);
+  s->counting = std::move(device.counting);
   s->setup.resolve_seconds = internal::seconds_since(t0);
   const std::string budget_origin = internal::resident_budget_origin(*s, options, env);
-  internal::prepare_attach_profile(*s, env, total_vram, budget_origin);
-  internal::plan_attach(*s, total_vram, budget_origin, requested_mode);
+  internal::AttachProfile profile =
+      internal::prepare_attach_profile(*s, resolved.device, env, device.total_vram, budget_origin);
+  s->store = std::move(profile.store);
+  s->prepared = std::move(profile.prepared);
+  s->profile_report = std::move(profile.report);
+  internal::PlannedAttach planned =
+      internal::plan_attach(*s, device.total_vram, budget_origin, inventory.requested_mode);
+  s->plan = std::move(planned.plan);
+  s->setup.plan_cached = planned.cached;
+  s->setup.plan_seconds = planned.seconds;
+  internal::print_decisions(*s);
   internal::place_attach(*s);
 
   // Closes the files, unless the disk tier reads from them every step or quantize= keeps dense
