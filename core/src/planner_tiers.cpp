@@ -5,9 +5,12 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ddo/core/working_set.h"
 #include "planner_internal.h"
@@ -34,11 +37,13 @@
 // units plus the ring fit. The ring takes what the budget leaves after the host units, up to
 // window + 2 x the largest disk unit (size_disk_ring). A unit holding a tensor that a loader
 // already pinned stays "host": it is in RAM already, and pins a loader made are kept
-// (docs/design/0007-named-profiles.md, section 4).
+// (docs/design/0007-named-profiles.md, section 4). So does a unit holding a buffer (Note [Only
+// parameters stay in the file]).
 //
 // When even every unit on disk leaves the host units and the smallest ring (2 x the largest unit)
 // over the budget, there is no plan. Under host_ram_cap_gb that is an error (kResourceExhausted)
-// naming the cap, what the smallest plan needs and what to change: the user asked for that host.
+// naming the cap, what the smallest plan needs, what stays on the host and why, and what to
+// change: the user asked for that host.
 // Under the RAM admission every unit goes to disk with the smallest ring and the decision says by
 // how much that exceeds the estimate: the estimate is free RAM less a reserve, not a limit, and
 // failing a load on a busy machine would be worse than taking a ring out of the reserve.
@@ -47,6 +52,18 @@
 // cannot be met: nothing can stay in a file. The decision host_ram_cap_unmet says so and how to
 // load from a checkpoint instead; every unit stays "host". Plan mode reports the same tiers as
 // a run.
+
+// Note [Only parameters stay in the file]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint holds a model's parameters. A buffer may be one the module computes itself (a
+// non-persistent buffer), or one the attach makes: quantize='s copies are buffers of their
+// Linear's entry (Note [Quantized dense weights] in torch/src/attach_quantize.cpp), quantized
+// from the dense weight at attach and never in any file. Neither can be read again every step,
+// so a unit holding a buffer is not eligible for the disk tier: it stays "host", and its bytes
+// count against the host RAM budget like every host unit's. A persistent buffer that a file does
+// hold stays on the host too; buffers are small beside the weights, and a plan that keeps one in
+// RAM only spends budget, while one that sends a unit the file cannot serve to disk would hold it
+// in RAM beyond the budget without saying so.
 
 namespace ddo::core::planner_internal {
 namespace {
@@ -152,41 +169,66 @@ TierChoice choose_disk_units(const std::vector<StreamUnit>& units,
   return choice_of(std::move(all));
 }
 
+// What stays in host memory whatever the tiers: units a loader pinned, and units holding a
+// buffer (Note [Only parameters stay in the file]).
+struct KeptHost {
+  std::int64_t pinned = 0;
+  std::int64_t buffers = 0;
+};
+
 // host_ram_cap_gb is below the smallest plan (every eligible unit on disk, `smallest`).
 [[noreturn]] void throw_cap_unmet(double cap_gb, std::int64_t budget, std::int64_t streamed,
                                   std::int64_t need, const TierChoice& smallest, bool none_eligible,
-                                  std::int64_t kept_host) {
-  std::string what =
-      none_eligible
-          ? std::string("every streamed unit was pinned by a loader and stays in host memory")
-          : fmt::format(
-                "every unit read from the checkpoint through the smallest pinned disk "
-                "ring, {} (2 x the largest unit, {}){}",
-                figure(smallest.ring), figure(smallest.largest),
-                kept_host > 0 ? fmt::format(", plus {} of units a loader already "
-                                            "pinned, which stay in host memory",
-                                            figure(kept_host))
-                              : std::string());
+                                  const KeptHost& kept) {
+  std::vector<std::string> parts;
+  if (!none_eligible) {
+    parts.push_back(fmt::format(
+        "every unit the checkpoint holds read from it through the smallest pinned disk ring, {} "
+        "(2 x the largest unit, {})",
+        figure(smallest.ring), figure(smallest.largest)));
+  }
+  if (kept.pinned > 0) {
+    parts.push_back(fmt::format("{} of units a loader already pinned, which stay in host memory",
+                                figure(kept.pinned)));
+  }
+  if (kept.buffers > 0) {
+    parts.push_back(fmt::format(
+        "{} of units holding buffers (quantize='s copies, made at attach, or tensors a module "
+        "computes), which no checkpoint serves every step and so stay in host memory",
+        figure(kept.buffers)));
+  }
+  // What to change: the cap; or, when quantize='s copies are among what cannot leave host memory,
+  // quantize= itself: without it those Linears' weights are parameters the disk tier reads.
+  const std::string instead =
+      kept.buffers > 0
+          ? std::string(
+                "; or, with quantize=, load without it, so that those Linears' dense "
+                "weights stay in the checkpoint and stream from it through the disk tier")
+          : std::string();
   throw Error(
       Code::kResourceExhausted,
       fmt::format("host_ram_cap_gb={:g} gives a host RAM budget of {} for the "
                   "streamed weights ({}), but the smallest plan needs {}: {}. Raise "
                   "host_ram_cap_gb / DDO_HOST_RAM_CAP_GB to at least {:g} (GiB), or "
-                  "set it to 0 to turn the cap off",
-                  cap_gb, figure(budget), gib(streamed), figure(need), what, cap_gib_for(need)));
+                  "set it to 0 to turn the cap off{}",
+                  cap_gb, figure(budget), gib(streamed), figure(need),
+                  fmt::format("{}", fmt::join(parts, ", plus ")), cap_gib_for(need), instead));
 }
 
 }  // namespace
 
-// The stream units that may go to disk: those no loader pinned (a pinned unit stays on the host;
-// its bytes are added to *kept_host).
+// The stream units that may go to disk: those no loader pinned and holding parameters only (a
+// unit that is not stays on the host; its bytes are added to *kept_host).
 std::vector<std::size_t> Planner::disk_eligible_units(std::int64_t* kept_host) const {
   const std::vector<StreamUnit>& units = plan_.stream_units;
   std::vector<std::size_t> eligible;
   for (std::size_t u = 0; u < units.size(); ++u) {
-    const bool pinned = std::any_of(units[u].tensors.begin(), units[u].tensors.end(),
-                                    [&](TensorRef ref) { return tensor(ref).already_pinned; });
-    if (pinned) {
+    const bool stays =
+        std::any_of(units[u].tensors.begin(), units[u].tensors.end(), [&](TensorRef ref) {
+          const TensorInfo& t = tensor(ref);
+          return t.already_pinned || !t.is_parameter;
+        });
+    if (stays) {
       *kept_host += units[u].bytes;
     } else {
       eligible.push_back(u);
@@ -230,6 +272,22 @@ void Planner::plan_tiers() {
 
   std::int64_t kept_host = 0;
   const std::vector<std::size_t> eligible = disk_eligible_units(&kept_host);
+  // The same split by reason, for the inputs and the error (a unit both pinned and holding a
+  // buffer counts as pinned).
+  KeptHost kept;
+  for (const StreamUnit& unit : units) {
+    bool pinned = false, buffer = false;
+    for (TensorRef ref : unit.tensors) {
+      const TensorInfo& t = tensor(ref);
+      pinned = pinned || t.already_pinned;
+      buffer = buffer || !t.is_parameter;
+    }
+    if (pinned) {
+      kept.pinned += unit.bytes;
+    } else if (buffer) {
+      kept.buffers += unit.bytes;
+    }
+  }
   const std::int64_t window =
       to_bytes_or_throw(config_.prefetch_window_mb, ByteUnit::kMiB, "prefetch_window_mb");
   bool fits = false;
@@ -239,7 +297,7 @@ void Planner::plan_tiers() {
     const std::int64_t need = streamed - chosen.disk_bytes + chosen.ring;
     if (host_budget->capped) {
       throw_cap_unmet(config_.host_ram_cap_gb, budget, streamed, need, chosen, eligible.empty(),
-                      kept_host);
+                      kept);
     }
     over = need - budget;
   }
@@ -265,7 +323,8 @@ void Planner::plan_tiers() {
   inputs["units_on_disk"] = chosen.disk.size();
   inputs["units"] = units.size();
   inputs["disk_units"] = names_json(names);
-  inputs["loader_pinned_host_bytes"] = kept_host;
+  inputs["loader_pinned_host_bytes"] = kept.pinned;
+  inputs["buffer_host_bytes"] = kept.buffers;
   inputs["over_budget_bytes"] = over;
   std::string detail = fmt::format(
       "streamed {} exceed the host RAM budget {} ({}): {} of {} units ({}) are read from the "

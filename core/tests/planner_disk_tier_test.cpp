@@ -336,6 +336,48 @@ TEST(DiskTier, UnitsALoaderPinnedStayOnTheHost) {
   }
 }
 
+// Note [Only parameters stay in the file]: a unit holding a buffer (quantize='s copies are
+// buffers of their Linear's entry) stays in host memory and counts against the budget; the cap's
+// error names those bytes and quantize=.
+TEST(DiskTier, UnitsHoldingBuffersStayOnTheHostAndCount) {
+  ModelInventory inv = flux_inventory({.h = kH});
+  auto copied = [](const std::string& name) {
+    return name.starts_with("transformer_blocks.0.") || name.starts_with("transformer_blocks.1.");
+  };
+  for (ModuleInfo& m : inv.modules) {
+    if (copied(m.name)) {
+      for (TensorInfo& t : m.tensors) t.is_parameter = false;
+    }
+  }
+  const Plan plan = make_plan(inv, capped(12), in_file());
+  ASSERT_GT(plan.disk_bytes, 0);
+  std::int64_t buffers = 0;
+  for (const StreamUnit& u : plan.stream_units) {
+    if (copied(u.name)) {
+      EXPECT_EQ(u.tier, "host") << u.name;
+      buffers += u.bytes;
+    }
+  }
+  ASSERT_GT(buffers, 0);
+  EXPECT_EQ(decision(plan, "disk_tier").inputs["buffer_host_bytes"], buffers);
+  EXPECT_LE(plan.host_tier_bytes() + plan.disk_ring_bytes, 12 * kGB);
+  // Below what the buffers alone take: an error naming them and both ways out.
+  try {
+    (void)make_plan(inv, capped(bytes_to_gib(buffers) - 0.5), in_file());
+    FAIL() << "the buffers alone exceed the cap";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.status().code(), Code::kResourceExhausted) << m;
+    EXPECT_TRUE(contains(m, "units holding buffers (quantize='s copies")) << m;
+    EXPECT_TRUE(contains(m, "Raise host_ram_cap_gb")) << m;
+    EXPECT_TRUE(contains(m, "load without it")) << m;
+    EXPECT_FALSE(contains(m, "from_pretrained_with_dynamic_offload")) << m;
+  }
+  // The same units as parameters may all go to disk.
+  const Plan params = make_plan(flux(), capped(bytes_to_gib(buffers) - 0.5), in_file());
+  EXPECT_GT(params.disk_bytes, 0);
+}
+
 TEST(DiskTier, BlockRouteSpillsWholeBlocks) {
   DynamicOffloadConfig config = capped(12);
   config.route = Route::kGroupBlock;

@@ -95,9 +95,12 @@ std::unique_ptr<adapter::Offload> enable(const OffloadArgs& args) {
   adapter::OffloadOptions options = offload_options(args);
   adapter::ModuleTree tree = tree_from(args.model_class, args.entries);
   if (!args.load.is_none()) {
+    // The C++ loader's own entry: it opens the files (headers, keys) and attaches, and checks
+    // what the attach holds against host_ram_cap_gb (Note [Dense weights under the host cap]).
     const adapter::LoadOptions load = load_options(args.load);
-    py::gil_scoped_release release;
-    options.weights = adapter::open_weight_source(tree, load);  // reads headers, checks keys
+    return attach_with_events(std::move(options), args, [&](const adapter::OffloadOptions& o) {
+      return adapter::load_with_offload(std::move(tree), load, o);
+    });
   }
   return attach_with_events(std::move(options), args, [&](const adapter::OffloadOptions& o) {
     return adapter::enable_offload_tree(std::move(tree), o);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <map>
 #include <mutex>
@@ -15,7 +16,9 @@
 #include <torch/nn/module.h>
 
 #include "ddo/core/os_memory.h"
+#include "ddo/core/planner.h"
 #include "ddo/core/status.h"
+#include "ddo/core/units.h"
 #include "host_tensor.h"
 #include "weight_source.h"
 
@@ -370,6 +373,7 @@ at::Tensor WeightSource::read_cpu(const std::string& name, const at::Tensor& lik
   }
   at::Tensor out = at::empty(like.sizes(), at::TensorOptions().dtype(like.scalar_type()));
   read({{name, out.data_ptr(), out.scalar_type(), out.numel()}}, events);
+  cpu_tensor_bytes_ += out.nbytes();
   return out;
 }
 
@@ -491,12 +495,50 @@ void load_weights(torch::nn::Module& model, const LoadOptions& options) {
   load_weights(module_tree_from(model), options);
 }
 
+namespace {
+
+// Note [Dense weights under the host cap]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// host_ram_cap_gb bounds what the model's weights hold in host memory: the plan's host-tier units
+// and the disk ring (Note [Disk tier plan] in core/src/planner_tiers.cpp), quantize='s copies among
+// them (Note [Only parameters stay in the file]). quantize= also keeps each quantized Linear's
+// dense weight: over the checkpoint's mapping it has no memory of its own, but where the file holds
+// it in another dtype than the model's it is read into memory at attach (Note [Quantized dense
+// weights] in attach_quantize.cpp), beside the plan. Those bytes are known once the attach has
+// read them (WeightSource::cpu_tensor_bytes over the attach), so the loader adds them to the plan's
+// host bytes then: over the cap, the offload is removed and the error names the bytes and what to
+// change (the load's dtype= equal to the file's, which maps them; a larger cap; or no quantize=).
+void check_dense_weights_fit(Offload& offload, std::uint64_t dense_bytes) {
+  const double cap_gb = offload.settings().config.host_ram_cap_gb;
+  if (cap_gb <= 0 || dense_bytes == 0 || !offload.active()) return;
+  const core::Plan& plan = offload.plan();
+  const std::int64_t planned = plan.host_tier_bytes() + plan.disk_ring_bytes;
+  const auto dense = static_cast<std::int64_t>(dense_bytes);
+  if (planned + dense <= plan.host_ram_budget_bytes) return;
+  const std::string message = fmt::format(
+      "host_ram_cap_gb={:g} gives a host RAM budget of {} bytes, but quantize= holds {} bytes "
+      "of dense Linear weights in host memory beside the plan's {} bytes (host-tier units and the "
+      "disk ring): the checkpoint holds them in another dtype than the model's, so they are read "
+      "into memory instead of mapped from the file. Load with dtype= the checkpoint's dtype (the "
+      "dense weights then stay in the file), raise host_ram_cap_gb / DDO_HOST_RAM_CAP_GB to at "
+      "least {:g} (GiB), or load without quantize=",
+      cap_gb, plan.host_ram_budget_bytes, dense, planned,
+      std::ceil(core::bytes_to_gib(planned + dense) * 1e6) / 1e6);
+  offload.remove();
+  throw Error(Code::kResourceExhausted, message);
+}
+
+}  // namespace
+
 std::unique_ptr<Offload> load_with_offload(ModuleTree tree, const LoadOptions& load,
                                            const OffloadOptions& options) {
   retype_placeholders(tree, load.dtype);
   OffloadOptions with_source = options;
   with_source.weights = open_weight_source(tree, load);
-  return enable_offload_tree(std::move(tree), with_source);
+  const std::uint64_t before = with_source.weights->cpu_tensor_bytes();
+  std::unique_ptr<Offload> offload = enable_offload_tree(std::move(tree), with_source);
+  check_dense_weights_fit(*offload, with_source.weights->cpu_tensor_bytes() - before);
+  return offload;
 }
 
 std::unique_ptr<Offload> load_with_offload(torch::nn::Module& model, const LoadOptions& load,

@@ -53,6 +53,8 @@ class WeightSource {
   // True when the files hold `name` (directly or under a tied tensor's name).
   bool has(const std::string& name) const;
   std::uint64_t bytes_read() const { return done_bytes_; }
+  // Bytes of the tensors read_cpu gave out so far: memory of their own that the host keeps.
+  std::uint64_t cpu_tensor_bytes() const { return cpu_tensor_bytes_; }
   // Seconds from the first read to the last (0 before any).
   double seconds() const { return seconds_; }
   const core::Checkpoint& checkpoint() const { return checkpoint_; }
@@ -70,6 +72,7 @@ class WeightSource {
   std::map<std::string, std::string> stored_as_;  // tied module name -> name in the file
   std::uint64_t total_bytes_ = 0;                 // file bytes of the tensors to read
   std::uint64_t done_bytes_ = 0;
+  std::uint64_t cpu_tensor_bytes_ = 0;
   bool started_ = false;
   double seconds_ = 0.0;
   std::chrono::steady_clock::time_point start_;
