@@ -108,7 +108,10 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree, const LoadOption
                                         const RecordEvent& events = {});
 
 /// Loads and offloads in one pass: plans as enable_offload() does, then reads each tensor
-/// straight into its place. On any error the module's weights are placeholders again.
+/// straight into its place. On any error the module's weights are placeholders again. With
+/// OffloadOptions::quantize under host_ram_cap_gb, the dense weights it reads into memory (a file
+/// in another dtype than the module's) count against the cap with the plan's host bytes: over it
+/// is ddo::Error kResourceExhausted naming what to change, with the offload removed.
 std::unique_ptr<Offload> load_with_offload(ModuleTree tree, const LoadOptions& load,
                                            const OffloadOptions& options);
 /// The same for a LibTorch module.
