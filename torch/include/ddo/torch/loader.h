@@ -111,7 +111,8 @@ nlohmann::json load_weights_for_offload(const ModuleTree& tree, const LoadOption
 /// straight into its place. On any error the module's weights are placeholders again. With
 /// OffloadOptions::quantize under host_ram_cap_gb, the dense weights it reads into memory (a file
 /// in another dtype than the module's) count against the cap with the plan's host bytes: over it
-/// is ddo::Error kResourceExhausted naming what to change, with the offload removed.
+/// is ddo::Error kResourceExhausted naming what to change, thrown after the offload's remove()
+/// (the module then holds its loaded weights, not placeholders).
 std::unique_ptr<Offload> load_with_offload(ModuleTree tree, const LoadOptions& load,
                                            const OffloadOptions& options);
 /// The same for a LibTorch module.
