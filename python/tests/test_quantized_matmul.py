@@ -299,20 +299,30 @@ def test_a_float64_linear_is_kept_dense():
     offload.remove()
 
 
+# Placed on the device as a whole: a plan with nothing to stream still serves the placeholders
+# (the interception is active), so the layer computes from its quantized copy, not the dense bytes.
+ON_DEVICE = dict(execution_device="sim", sim_device_capacity_gb=8)
+
+
+@pytest.mark.parametrize("placement", ["streamed", "on_device"])
 @pytest.mark.parametrize("quantize", ["int8", "fp8"])
 @torch.no_grad()
-def test_a_bare_linear_model(quantize):
+def test_a_bare_linear_model(quantize, placement):
     torch.manual_seed(6)
     model = nn.Linear(256, 512).to(torch.bfloat16).eval()
     x = torch.randn(64, 256, dtype=torch.bfloat16)
     dense = model.weight.detach().clone()
     expected = ddo.sdnq.quantize_linear(model, "int8" if quantize == "int8" else "float8_e4m3fn",
                                         0, quantized_matmul=True)(x)
-    offload = ddo.enable_offload(model, quantize=quantize, **STREAM)
-    q = offload.report()["quantized_compute"]
+    offload = ddo.enable_offload(model, quantize=quantize,
+                                 **(STREAM if placement == "streamed" else ON_DEVICE))
+    report = offload.report()
+    q = report["quantized_compute"]
     assert list(q["layers"]) == ["<root>"], q
+    assert (report["setup"]["bytes"]["streamed"] > 0) == (placement == "streamed"), report["setup"]
     out = model(x)
     assert rel_l2(out, expected) < 1e-3, rel_l2(out, expected)
+    assert rel_l2(out, torch.nn.functional.linear(x, dense, model.bias)) > 1e-3
     offload.remove()
     assert torch.equal(model.weight, dense) and model.weight.dtype == torch.bfloat16
 

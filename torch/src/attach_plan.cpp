@@ -256,7 +256,12 @@ void apply_plan(OffloadState& s, int pin_workers) {
   if (!stays_from_file.empty()) read_kept_from_file(s, replaced_of, std::move(stays_from_file));
   place_residents(s, replaced_of);
   const std::vector<UnitLayout> units = layout_stream_units(s, replaced_of);
-  if (!units.empty()) s.runtime = build_stream_runtime(s, units, pin_workers);
+  // quantize='s placeholders are served through the interception whether or not anything
+  // streams: a plan that places every quantized copy on the device still needs the runtime that
+  // holds the interception, or the host's ops would read the placeholders' dense bytes.
+  if (!units.empty() || !s.quantized.empty()) {
+    s.runtime = build_stream_runtime(s, units, pin_workers);
+  }
   install_quantized_weights(s);
   finish_attach(s);
 }
@@ -264,7 +269,7 @@ void apply_plan(OffloadState& s, int pin_workers) {
 std::int64_t sdnq_temporary_bytes_per_value(const OffloadState& s) {
   constexpr std::int64_t kKernel = 2;      // bf16 / fp16 written once
   constexpr std::int64_t kReference = 10;  // float32 values and products, then the result
-  if (!s.backend->sdnq_kernels || !s.inventory.has_sdnq_layers()) return kReference;
+  if (!s.backend->sdnq_kernels || !s.inventory.has_packed_layers()) return kReference;
   return sdnq::use_dequantize_kernel(s.torch_device.index()) ? kKernel : kReference;
 }
 

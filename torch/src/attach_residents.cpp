@@ -195,7 +195,7 @@ void check_smallest_plan_fits(const OffloadState& s) {
   for (const core::StreamUnit& u : plan.stream_units) largest = std::max(largest, u.bytes);
   const std::int64_t staging = core::min_staging_bytes(largest);
   const std::int64_t temporary =
-      s.inventory.largest_sdnq_temporary_bytes(sdnq_temporary_bytes_per_value(s));
+      s.inventory.largest_packed_temporary_bytes(sdnq_temporary_bytes_per_value(s));
   const std::int64_t smallest =
       plan.always_resident_bytes + plan.move_once_bytes + staging + temporary;
   const engine::DeviceMemory mem = s.device->memory();

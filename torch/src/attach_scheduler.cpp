@@ -49,7 +49,7 @@ void make_scheduler(OffloadState& s, const std::shared_ptr<StreamRuntime>& rt,
   // temporaries] in core/src/inventory.cpp): the room is what is left after it.
   request.room_bytes = std::max<std::int64_t>(
       0, mem.total_bytes - mem.used_bytes -
-             s.inventory.largest_sdnq_temporary_bytes(sdnq_temporary_bytes_per_value(s)));
+             s.inventory.largest_packed_temporary_bytes(sdnq_temporary_bytes_per_value(s)));
   const core::StagingSize staging = core::size_staging(request);
   engine::SchedulerOptions so;
   so.staging_bytes = static_cast<std::size_t>(staging.staging_bytes);

@@ -77,7 +77,7 @@ struct StreamRuntime {
   // Shared with the pinned-weight cache (Note [Pinned-weight cache] in weight_cache.cpp); the
   // pointer keeps the device that pinned the slabs alive.
   std::shared_ptr<engine::HostSlabs> slabs;
-  // Disk-tier units (Note [Disk tier] in copy_scheduler.cpp): true where a unit's bytes are read
+  // Disk-tier units (Note [Disk tier] in disk_tier_reader.cpp): true where a unit's bytes are read
   // from the checkpoint every step instead of living in a slab. Their managed storages point
   // into `disk_backing`: the checkpoint files mapped copy-on-write, and a temporary file for
   // converted tensors (Note [Disk-tier storage] in attach_disk_tier.cpp).

@@ -110,12 +110,6 @@ struct ModelInventory {
   /// the result dtype; the reference path holds float32 intermediates too). Note [Dequantized
   /// temporaries] in inventory.cpp; 0 for a model without packed layers.
   std::int64_t largest_packed_temporary_bytes(std::int64_t bytes_per_element) const;
-  /// has_packed_layers() under the name attach_plan.cpp calls.
-  bool has_sdnq_layers() const { return has_packed_layers(); }
-  /// largest_packed_temporary_bytes() under the name attach_plan.cpp calls.
-  std::int64_t largest_sdnq_temporary_bytes(std::int64_t bytes_per_element) const {
-    return largest_packed_temporary_bytes(bytes_per_element);
-  }
   /// How the weights of the ops ddo intercepts are stored, for a profile to say what it was
   /// measured with: the sorted, distinct dtypes of the Linear, Conv and Embedding weights and of
   /// the packed layers' packed weights, those prefixed by their format's name; joined by " + ",
