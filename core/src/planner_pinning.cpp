@@ -1,5 +1,5 @@
 // Planner phases that decide pinning: explicit bounds, RAM admission (pin all, tiered, skip), the
-// 95 % snap, the packed-layer admission of the seed, and which streamed tensors get the budget.
+// 95 % snap, the packed layers' pin admission by role, and which streamed tensors get the budget.
 #include <algorithm>
 #include <cmath>
 #include <map>

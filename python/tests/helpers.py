@@ -62,6 +62,19 @@ def snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def quantizable_flux():
+    """A one-block FluxTransformer2DModel (float32, eval) whose Linears mostly qualify for
+    quantize= (dimensions of 128 and 512); x_embedder and proj_out, under 16384 weights, stay
+    dense. Imports diffusers, which the tests that call it require."""
+    import diffusers
+
+    return diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
+        num_attention_heads=2, joint_attention_dim=128, pooled_projection_dim=128,
+        axes_dims_rope=[16, 24, 24],
+    ).eval()
+
+
 def tiny_flux_inputs(seed=2, dtype=torch.float32):
     """Inputs of the tiny FluxTransformer2DModel the loader tests write (in_channels=4,
     joint_attention_dim=32): 16 image and 8 text tokens."""

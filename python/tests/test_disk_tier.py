@@ -15,7 +15,7 @@ import torch
 
 import ddo
 from conftest import STREAM_ALL
-from helpers import RSS_PREAMBLE, tiny_flux_inputs
+from helpers import RSS_PREAMBLE, quantizable_flux, tiny_flux_inputs
 
 diffusers = pytest.importorskip("diffusers")
 STREAM = dict(STREAM_ALL, execution_mode="linear_runtime")
@@ -409,11 +409,7 @@ def test_quantize_weights_over_the_checkpoint_come_back_by_reads(tmp_path):
     # the file no longer has), and remove() succeeds once the file is whole; a weight the host
     # wrote while attached comes back as written.
     root = tmp_path / "flux"
-    model = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
-        num_attention_heads=2, joint_attention_dim=128, pooled_projection_dim=128,
-        axes_dims_rope=[16, 24, 24],
-    ).eval()
+    model = quantizable_flux()
     model.save_pretrained(root)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -455,11 +451,7 @@ def test_a_shard_written_in_place_is_refused_by_remove_until_it_is_put_back(tmp_
     # the model never had: remove() refuses naming the file and changes nothing, and gives the
     # loaded model once the file is back as it was.
     root = tmp_path / "flux"
-    model = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
-        num_attention_heads=2, joint_attention_dim=128, pooled_projection_dim=128,
-        axes_dims_rope=[16, 24, 24],
-    ).eval()
+    model = quantizable_flux()
     model.save_pretrained(root, max_shard_size="200KB")
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     streamed = sum(v.numel() * v.element_size() for v in expected.values())

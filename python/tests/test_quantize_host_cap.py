@@ -11,6 +11,7 @@ import torch
 
 import ddo
 from conftest import STREAM_ALL
+from helpers import quantizable_flux
 
 diffusers = pytest.importorskip("diffusers")
 STREAM = dict(STREAM_ALL, execution_mode="linear_runtime")
@@ -22,11 +23,7 @@ def flux_dir(tmp_path_factory):
     """A FLUX whose Linears mostly qualify for quantize= (dimensions of 128 and 512), a few kept
     dense (x_embedder and proj_out have fewer than 16384 weights), saved in float32 shards."""
     root = tmp_path_factory.mktemp("flux-quantize-cap")
-    model = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
-        num_attention_heads=2, joint_attention_dim=128, pooled_projection_dim=128,
-        axes_dims_rope=[16, 24, 24],
-    ).eval()
+    model = quantizable_flux()
     model.save_pretrained(root, max_shard_size="200KB")
     return root
 
