@@ -99,10 +99,17 @@ def _assign(param: nn.Parameter, value: Any) -> None:
             "and dtype. Call remove() on the offload, change the weight, then enable_offload "
             "again"
         )
+    host = torch.Tensor.detach(param)
+    if (value.data_ptr() == host.data_ptr() and value.stride() == host.stride()
+            and value.device == host.device):
+        # `weight.data += delta` ends in `weight.data = <the same host copy>`: the in-place op
+        # already wrote it and moved the version counter; copying it onto itself would cost one
+        # more pass over the weight's bytes per layer of a fuse.
+        return
     with torch.no_grad():
         # A write into the host copy through a view that shares the version counter: the next
         # op that reads the weight sees the change (Note [Weights changed in place]).
-        torch.Tensor.detach(param).copy_(value)
+        host.copy_(value)
 
 
 # -- modules added after the attach ---------------------------------------------------------------

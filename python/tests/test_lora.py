@@ -275,6 +275,13 @@ def test_writes_through_data_are_seen_and_a_reshaping_one_is_refused_by_name():
         m[2].weight.data = torch.full((32, 32), 0.01)  # PEFT's safe merge
     assert ddo._C.is_managed(model[2].weight)  # still streamed, not silently dropped
     torch.testing.assert_close(model(x), reference(x))
+    # `weight.data += d` writes the host copy once: the in-place add, not also a copy of the
+    # result onto itself (one version step, where a second write would make two).
+    version = model[0].weight._version
+    model[0].weight.data += 0.25
+    reference[0].weight.data += 0.25
+    assert model[0].weight._version == version + 1
+    torch.testing.assert_close(model(x), reference(x))
     assert type(model[0].weight) is not nn.Parameter and isinstance(model[0].weight, nn.Parameter)
     with pytest.raises(RuntimeError, match=r"'1\.weight\.data = t'.*shape \(32, 32\)"):
         model[1].weight.data = torch.zeros(16, 32)
