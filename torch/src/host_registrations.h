@@ -25,7 +25,14 @@ class HostRegistrations {
  public:
   HostRegistrations(engine::Device& device, engine::Stream stream)
       : device_(device), stream_(stream) {}
-  ~HostRegistrations() { release(); }
+  // On an error path: a device that fails the wait has its error raised by the step already, and
+  // a destructor that threw while another exception unwinds would end the process.
+  ~HostRegistrations() {
+    try {
+      release();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the step's own error is the one to report
+    }
+  }
   HostRegistrations(const HostRegistrations&) = delete;
   HostRegistrations& operator=(const HostRegistrations&) = delete;
 
